@@ -1,0 +1,58 @@
+"""The MPI library's own collectives behind the same interface as ringreduce's algorithms:
+the baseline that RINGREDUCE_ALGORITHM=mpi selects and the benchmarks compare against.
+
+They are started non-blocking and waited with the transport's wait, so a rank waiting in
+one neither spins a core nor misses a partner that has left.
+"""
+
+import numpy as np
+from mpi4py import MPI
+
+from ringreduce.ops import ReduceOp
+
+_MPI_OPS = {
+    ReduceOp.AVERAGE: MPI.SUM,
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.PRODUCT: MPI.PROD,
+}
+
+
+def _typed(buf):
+    # MPI defines no MIN/MAX on C_BOOL; bools are 0/1 bytes, which uint8 reduces identically.
+    return buf.view(np.uint8) if buf.dtype == np.bool_ else buf
+
+
+class MPIAlgorithms:
+    def __init__(self, transport):
+        self.comm = transport.comm
+        self.wait = transport.wait
+
+    def allreduce(self, buf, op):
+        self.wait([self.comm.Iallreduce(MPI.IN_PLACE, _typed(buf), _MPI_OPS[op])])
+
+    def reducescatter(self, buf, offsets, op):
+        counts = np.diff(offsets).tolist()
+        result = np.empty(counts[self.comm.rank], dtype=buf.dtype)
+        self.wait([self.comm.Ireduce_scatter(_typed(buf), _typed(result), counts, _MPI_OPS[op])])
+        return result
+
+    def allgather(self, buf, offsets):
+        itemsize = buf.dtype.itemsize
+        counts = [c * itemsize for c in np.diff(offsets).tolist()]
+        displacements = [o * itemsize for o in offsets[:-1]]
+        spec = [buf, counts, displacements, MPI.BYTE]
+        self.wait([self.comm.Iallgatherv(MPI.IN_PLACE, spec)])
+
+    def broadcast(self, buf, root):
+        self.wait([self.comm.Ibcast([buf, MPI.BYTE], root)])
+
+    def alltoallv(self, send, send_offsets, recv, recv_offsets):
+        itemsize = send.dtype.itemsize
+
+        def spec(buf, offsets):
+            counts = [c * itemsize for c in np.diff(offsets).tolist()]
+            return [buf, counts, [o * itemsize for o in offsets[:-1]], MPI.BYTE]
+
+        self.wait([self.comm.Ialltoallv(spec(send, send_offsets), spec(recv, recv_offsets))])

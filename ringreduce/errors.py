@@ -1,0 +1,25 @@
+"""The exceptions a ringreduce user can catch.
+
+Every error that depends on what several ranks did is raised on every rank with the same
+message, so a job never hangs with one rank waiting for a partner that has given up.
+"""
+
+
+class RingReduceError(RuntimeError):
+    """Base class of ringreduce's own errors."""
+
+
+class NotInitializedError(RingReduceError):
+    """A collective was called before ringreduce.init() (or after shutdown())."""
+
+
+class MismatchError(RingReduceError, ValueError):
+    """The ranks called a collective with arguments that do not agree."""
+
+
+class PeerExitedError(RingReduceError):
+    """Another rank left the job while this rank waited for it in a collective."""
+
+
+class UnsupportedDtypeError(RingReduceError, TypeError):
+    """The array's dtype (or the dtype/op pair) cannot be communicated."""

@@ -1,0 +1,27 @@
+"""Collectives on picklable Python objects, for small things such as configs and metrics."""
+
+import pickle
+
+import numpy as np
+
+from ringreduce import collectives, runtime
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Every rank gets the root rank's object."""
+    is_root = runtime.active().topology.rank == root_rank
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
+    length = np.array([0 if payload is None else len(payload)], dtype=np.int64)
+    length = collectives.broadcast(length, root_rank, name=name)
+    if not is_root:
+        payload = np.empty(int(length[0]), dtype=np.uint8)
+    return pickle.loads(collectives.broadcast(payload, root_rank, name=name).tobytes())
+
+
+def allgather_object(obj, name=None):
+    """A list of every rank's object, in rank order."""
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    lengths = collectives.allgather(np.array([len(payload)], dtype=np.int64), name=name)
+    gathered = collectives.allgather(payload, name=name).tobytes()
+    ends = np.cumsum(lengths).tolist()
+    return [pickle.loads(gathered[end - n:end]) for end, n in zip(ends, lengths.tolist())]

@@ -1,0 +1,81 @@
+"""Reduction operations and the scaling applied around them.
+
+The names and meanings follow Horovod: Average is the default, prescale multiplies each
+rank's input before the reduction, postscale multiplies the result after it.
+"""
+
+import enum
+
+import numpy as np
+
+from ringreduce.errors import UnsupportedDtypeError
+
+
+class ReduceOp(enum.IntEnum):
+    """How the ranks' values are combined; the values are Horovod's."""
+
+    AVERAGE = 0
+    SUM = 1
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+_UFUNCS = {
+    ReduceOp.AVERAGE: np.add,
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+def as_op(op):
+    """Accept a ReduceOp or its integer value; anything else is a clear error."""
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        names = ", ".join(o.name.capitalize() for o in ReduceOp)
+        raise ValueError(f"unknown reduction op {op!r}; use one of {names}") from None
+
+
+def ufunc(op):
+    """The element-wise numpy function that combines two ranks' values."""
+    return _UFUNCS[op]
+
+
+def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
+    """Raise if `op` or the scaling has no meaning for `dtype` (bool supports only Min/Max/Product)."""
+    if dtype == np.bool_:
+        if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+            raise UnsupportedDtypeError(
+                f"{op.name.capitalize()} is not defined for bool arrays; "
+                "use Min (logical and), Max (logical or) or Product"
+            )
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise UnsupportedDtypeError("bool arrays cannot be scaled")
+
+
+def scale(array, factor):
+    """Multiply in place; integer results are truncated toward zero, as a C cast does."""
+    if factor != 1.0:
+        np.multiply(array, factor, out=array, casting="unsafe")
+
+
+def finish(array, op, size, postscale_factor=1.0):
+    """Turn a reduced sum into the op's result in place: Average divides by the world size.
+
+    Integer averages are floored (numpy's //), which stays exact for every int64.
+    """
+    if op == ReduceOp.AVERAGE:
+        if np.issubdtype(array.dtype, np.integer):
+            np.floor_divide(array, size, out=array)
+        else:
+            np.divide(array, size, out=array)
+    scale(array, postscale_factor)
