@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import signal
 import sys
 
 import numpy as np
@@ -16,12 +17,10 @@ from ringreduce import agreement, algorithms, topology
 from ringreduce.algorithms.ring import offsets_of
 from ringreduce.arrays import Workspace
 from ringreduce.config import Config
+from ringreduce import launched
 from ringreduce.errors import NotInitializedError, PeerExitedError, RingReduceError
 from ringreduce.liveness import ExitNotices
 from ringreduce.transports import MPITransport
-
-# rrun's per-rank wrapper sets this to the number of ranks it asked mpiexec for.
-LAUNCH_SIZE_VARIABLE = "RRUN_WORLD_SIZE"
 
 _active = None
 _hooks_installed = False
@@ -55,7 +54,7 @@ class Runtime:
     def _check_partners(self):
         gone = sorted(r for r, done in self.notices.poll().items() if done <= self.completed)
         if gone:
-            who = ", ".join(f"rank {r} (after {self.notices.exited[r]} collectives)" for r in gone)
+            who = ", ".join(f"rank {r} (which had completed {self.notices.exited[r]} collectives)" for r in gone)
             raise PeerExitedError(
                 f"{who} left the job while rank {self.topology.rank} waited for it in "
                 f"{self._current}; every rank must make the same collective calls"
@@ -149,7 +148,7 @@ def active():
 def _check_launch(comm):
     """Catch the classic mix-up of an mpiexec from one MPI and an mpi4py built on another:
     each process then starts as a world of its own."""
-    expected = os.environ.get(LAUNCH_SIZE_VARIABLE)
+    expected = os.environ.get(launched.WORLD_SIZE_VARIABLE)
     if comm != MPI.COMM_WORLD or expected is None or int(expected) == comm.size:
         return
     library = MPI.Get_library_version().splitlines()[0].strip()
@@ -172,9 +171,15 @@ def _install_hooks():
 
     def abort_job_on_uncaught(exc_type, exc, traceback):
         previous(exc_type, exc, traceback)
-        if _active is not None and _active.topology.size > 1:
-            _active.failing = True
-            set_abort_status(exc)
+        if _active is None or _active.topology.size == 1:
+            return
+        _active.failing = True
+        code = 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+        if launched.under_rrun():
+            error = f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins.")
+            sys.stderr.buffer.write(launched.status_line(_active.topology.rank, code, error))
+            sys.stderr.flush()
+        set_abort_status(code)
 
     sys.excepthook = abort_job_on_uncaught
     atexit.register(_shutdown_at_exit)

@@ -1,0 +1,3 @@
+from ringreduce.launcher.cli import main
+
+main()

@@ -1,0 +1,127 @@
+"""What each MPI's mpiexec calls the same things: hosts, environment, network interface.
+
+The dialect is read off `mpiexec --version`. Each builds an argument list (never a shell
+string) from one JobSpec.
+"""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+from ringreduce.launcher.errors import LaunchError
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    num_proc: int
+    rank_command: list  # what every rank runs (rrun's per-rank wrapper around the user's command)
+    placement: list | None = None  # [(host, ranks)], or None: all on this host
+    network_interface: str | None = None
+    env: dict = dataclasses.field(default_factory=dict)  # variables to set on every rank
+    mpi_args: list = dataclasses.field(default_factory=list)
+    local_cores: int = 1
+    as_root: bool = False
+
+
+class OpenMPI:
+    name = "Open MPI"
+    # Open MPI does not carry the environment to other hosts unless told to.
+    carried_variables = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+    def command(self, mpiexec, job):
+        args = [mpiexec, "-np", str(job.num_proc), "--bind-to", "none", "--map-by", "slot"]
+        if job.as_root:
+            args.append("--allow-run-as-root")
+        if job.placement:
+            args += ["-H", ",".join(f"{host}:{count}" for host, count in job.placement)]
+        elif job.num_proc > job.local_cores:
+            args.append("--oversubscribe")
+        if job.network_interface:
+            for key in ("btl_tcp_if_include", "oob_tcp_if_include"):
+                args += ["--mca", key, job.network_interface]
+        env = {name: os.environ[name] for name in self.carried_variables if name in os.environ}
+        env.update(job.env)
+        for name, value in env.items():
+            args += ["-x", f"{name}={value}"]
+        return args + job.mpi_args + job.rank_command
+
+
+class MPICH:
+    name = "MPICH"
+
+    def command(self, mpiexec, job):
+        args = [mpiexec, "-n", str(job.num_proc)]
+        if job.placement:
+            args += ["-hosts", ",".join(f"{host}:{count}" for host, count in job.placement)]
+        args += self._common(job)
+        return args + job.mpi_args + job.rank_command
+
+    @staticmethod
+    def _common(job):
+        args = ["-iface", job.network_interface] if job.network_interface else []
+        for name, value in job.env.items():
+            args += ["-genv", name, value]
+        return args
+
+
+class IntelMPI(MPICH):
+    """Hydra-based like MPICH; per-host rank counts go in one section per host."""
+
+    name = "Intel MPI"
+
+    def command(self, mpiexec, job):
+        if not job.placement:
+            return super().command(mpiexec, job)
+        args = [mpiexec] + self._common(job) + job.mpi_args
+        for index, (host, count) in enumerate(job.placement):
+            args += ([":"] if index else []) + ["-n", str(count), "-host", host] + job.rank_command
+        return args
+
+
+def detect(version_text):
+    """The dialect that printed this `mpiexec --version`, or None."""
+    if "Intel(R) MPI" in version_text:
+        return IntelMPI()
+    if "Open MPI" in version_text or "OpenRTE" in version_text or "PRRTE" in version_text:
+        return OpenMPI()
+    if "HYDRA" in version_text or "MPICH" in version_text:
+        return MPICH()
+    return None
+
+
+def find_mpiexec(named=None):
+    """The mpiexec to use: the one named, else the one on PATH, else the one beside this Python
+    (where `pip install mpich` puts it when its environment is not on PATH)."""
+    if named:
+        path = shutil.which(named)
+        if path is None:
+            raise LaunchError(f"mpiexec {named!r} (from --mpiexec or RRUN_MPIEXEC) does not exist")
+        return path
+    beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    path = shutil.which("mpiexec") or shutil.which(beside_python)
+    if path is None:
+        raise LaunchError(
+            "no mpiexec found on PATH: install one with `pip install ringreduce[mpich]` "
+            "(or the site's MPI), or name it with --mpiexec / RRUN_MPIEXEC"
+        )
+    return path
+
+
+def dialect_of(mpiexec):
+    try:
+        result = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"could not run {mpiexec} --version: {error}") from None
+    text = result.stdout + result.stderr
+    dialect = detect(text)
+    if dialect is None:
+        first = text.strip().splitlines()[0] if text.strip() else "(no output)"
+        raise LaunchError(
+            f"{mpiexec} is not an MPI that rrun knows (its --version says: {first}); "
+            "rrun speaks Open MPI, MPICH and Intel MPI"
+        )
+    return dialect

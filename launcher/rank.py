@@ -1,0 +1,87 @@
+"""The process mpiexec starts for each rank: it runs the user's command, puts the rank in
+front of every line it prints, and reports to rrun how the command ended.
+
+Doing this here rather than with each MPI's own output flags gives every MPI the same
+format, keeps stdout and stderr apart, and tells rrun the exit code or signal of each rank
+(mpiexec only says that something failed). This process must not start MPI itself: its
+child inherits the launcher's connection.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from ringreduce.launched import STATUS_PREFIX, WORLD_SIZE_VARIABLE, status_line
+
+# Where each MPI and Slurm put the rank of the process they start.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    world_size, command = argv[0], argv[2:]  # <world size> -- <command...>
+    rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "?")
+    env = dict(os.environ, **{WORLD_SIZE_VARIABLE: world_size})
+    env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
+    try:
+        child = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=False, preexec_fn=_die_with_parent,
+        )
+    except OSError as error:
+        _report(rank, 127, None, f"cannot start {command[0]!r}: {error.strerror}")
+        return 127
+
+    stopped_by = []
+
+    def forward(signum, _frame):
+        stopped_by.append(signal.Signals(signum).name)
+        child.send_signal(signum)
+
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
+    last_error = []
+    relays = [
+        threading.Thread(target=_relay, args=(child.stdout, sys.stdout.buffer, f"[{rank}]<stdout>:", None)),
+        threading.Thread(target=_relay, args=(child.stderr, sys.stderr.buffer, f"[{rank}]<stderr>:", last_error)),
+    ]
+    for relay in relays:
+        relay.start()
+    code = child.wait()
+    for relay in relays:
+        relay.join()
+    _report(rank, code, stopped_by[0] if stopped_by else None, last_error[-1] if last_error else None)
+    return code if code >= 0 else 128 - code
+
+
+def _relay(source, sink, prefix, last_line):
+    """Copy lines from the child to our stream with the rank in front, remembering the last."""
+    prefix = prefix.encode()
+    for line in iter(source.readline, b""):
+        if line.startswith(STATUS_PREFIX):  # the rank's own report, for rrun: pass it on as is
+            sink.write(line)
+            sink.flush()
+            continue
+        sink.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+        sink.flush()
+        if last_line is not None and line.strip():
+            last_line[:] = [line.decode(errors="replace").strip()[:300]]
+
+
+def _report(rank, code, stopped_by, last_error):
+    sys.stderr.buffer.write(status_line(rank, code, last_error, stopped_by))
+    sys.stderr.flush()
+
+
+def _die_with_parent():
+    """In the child: be killed if this wrapper dies, so no rank outlives a killed job."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Reading a Slurm allocation: how many tasks, on which nodes."""
+
+import re
+
+from ringreduce.launcher.hosts import Host
+
+
+def allocation(environ):
+    """The allocation's hosts and slots, or None outside Slurm."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    tasks = environ.get("SLURM_TASKS_PER_NODE")
+    if not environ.get("SLURM_JOB_ID") or not nodelist or not tasks:
+        return None
+    names = expand_nodelist(nodelist)
+    counts = expand_tasks_per_node(tasks)
+    if len(counts) != len(names):
+        return None
+    return [Host(name, count) for name, count in zip(names, counts)]
+
+
+def expand_nodelist(text):
+    """`node[01-03,07],gpu1` -> [node01, node02, node03, node07, gpu1] (several [] per name too)."""
+    names = []
+    for item in _split_top_level(text):
+        names.extend(_expand(item))
+    return names
+
+
+def expand_tasks_per_node(text):
+    """`2(x3),1` -> [2, 2, 2, 1]."""
+    counts = []
+    for item in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not match:
+            raise ValueError(f"cannot read SLURM_TASKS_PER_NODE item {item!r}")
+        counts.extend([int(match[1])] * int(match[2] or 1))
+    return counts
+
+
+def _split_top_level(text):
+    items, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    items.append(text[start:])
+    return [item for item in items if item]
+
+
+def _expand(item):
+    match = re.search(r"\[([^\]]*)\]", item)
+    if not match:
+        return [item]
+    head, tail = item[:match.start()], item[match.end():]
+    names = []
+    for part in match[1].split(","):
+        low, _, high = part.partition("-")
+        width = len(low)
+        for number in range(int(low), int(high or low) + 1):
+            names.extend(_expand(f"{head}{number:0{width}d}{tail}"))
+    return names

@@ -1,0 +1,133 @@
+"""Running mpiexec: relaying the ranks' output, stopping the whole job when one rank fails
+or rrun is interrupted, leaving no process behind, and saying which rank failed first."""
+
+import signal
+import subprocess
+import sys
+import threading
+
+import psutil
+
+from ringreduce.launched import parse_status
+
+GRACE_SECONDS = 3.0
+POLL_SECONDS = 0.1
+
+
+class Supervisor:
+    def __init__(self, argv):
+        self.argv = argv
+        self.reports = []
+        self.interrupted_by = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._family = {}  # pid -> psutil.Process: every local process the job has started
+
+    def run(self):
+        """Run the job to its end; return rrun's exit status."""
+        self.process = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches rrun alone; rrun ends the job
+        )
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        relays = [
+            threading.Thread(target=self._relay, args=(self.process.stdout, sys.stdout.buffer)),
+            threading.Thread(target=self._relay, args=(self.process.stderr, sys.stderr.buffer)),
+        ]
+        for relay in relays:
+            relay.start()
+        try:
+            while self.process.poll() is None and not self._stop.wait(POLL_SECONDS):
+                self._remember_family()
+            if self.process.poll() is None:
+                self._end_job()
+            self.process.wait()
+            for relay in relays:
+                relay.join()
+        finally:
+            self._kill_leftovers()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return self._verdict()
+
+    def _on_signal(self, signum, _frame):
+        self.interrupted_by = signal.Signals(signum)
+        self._stop.set()
+
+    def _relay(self, source, sink):
+        for line in iter(source.readline, b""):
+            report = parse_status(line)
+            if report is not None:
+                self._take_report(report)
+                continue
+            sink.write(line)
+            sink.flush()
+
+    def _take_report(self, report):
+        with self._lock:
+            self.reports.append(report)
+        if report["code"] != 0 and report["stopped_by"] is None:
+            self._stop.set()  # fail fast: one rank failed, so end them all
+
+    def _remember_family(self):
+        try:
+            root = psutil.Process(self.process.pid)
+            for member in [root] + root.children(recursive=True):
+                self._family.setdefault(member.pid, member)
+        except psutil.Error:
+            pass
+
+    def _end_job(self):
+        """SIGTERM to mpiexec (it ends the ranks on every host), then SIGKILL what is left here."""
+        self._remember_family()
+        try:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill_leftovers()
+
+    def _kill_leftovers(self):
+        alive = [p for p in self._family.values() if _still_running(p)]
+        for member in alive:
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=GRACE_SECONDS)
+
+    def _verdict(self):
+        if self.interrupted_by is not None:
+            _say(f"stopped by {self.interrupted_by.name}; every rank was ended")
+            return 128 + self.interrupted_by
+        failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
+        if failures:
+            first = min(failures, key=lambda r: r["time"])
+            _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
+            code = first["code"]
+            return code if code > 0 else 128 - code
+        if self.process.returncode != 0:
+            _say(f"mpiexec exited with status {self.process.returncode}")
+            return self.process.returncode if self.process.returncode > 0 else 1
+        return 0
+
+
+def _still_running(process):
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _how(report):
+    code = report["code"]
+    if code < 0:
+        how = f"killed by signal {-code} ({signal.Signals(-code).name})"
+    else:
+        how = f"exited with status {code}"
+    return how + (f"; its last error line: {report['last_error']}" if report["last_error"] else "")
+
+
+def _say(message):
+    sys.stderr.write(f"rrun: {message}\n")
+    sys.stderr.flush()
