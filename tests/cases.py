@@ -1,0 +1,50 @@
+"""The inputs of the multi-process tests: the workers compute with them, the tests compute
+the numpy reference from them, so both sides see the same arrays for every rank."""
+
+import numpy as np
+
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+OPS = ("Sum", "Average", "Min", "Max", "Product")
+BOOL_OPS = ("Min", "Max", "Product")
+
+
+def lengths(size):
+    """0, 1, fewer elements than ranks, lengths that do not divide, and one that needs pieces."""
+    return sorted({0, 1, max(size - 1, 0), 7, 1001, 50_003})
+
+
+def allreduce_cases(size):
+    for dtype in DTYPES:
+        for op in BOOL_OPS if dtype == "bool" else OPS:
+            for length in lengths(size):
+                yield f"allreduce-{dtype}-{op}-{length}", dtype, op, length
+
+
+def values(rank, dtype, length, salt=0):
+    """Small whole numbers (bools for bool), so every sum and product is exact in any order
+    of reduction and the comparison with numpy can be exact, to the last element."""
+    rng = np.random.default_rng(1_000_003 * rank + 7919 * length + salt)
+    if dtype == "bool":
+        return rng.random(length) < 0.7
+    low = 0 if dtype == "uint8" else -3
+    return rng.integers(low, 4, size=length).astype(dtype)
+
+
+def normal(rank, dtype, length):
+    """Random reals, for checking that arbitrary values come out close to numpy's."""
+    return np.random.default_rng([rank, length]).standard_normal(length).astype(dtype)
+
+
+def reference_reduce(arrays, op):
+    """The reduction as numpy computes it, in the arrays' own dtype."""
+    stacked = np.stack(arrays)
+    dtype = stacked.dtype
+    if op in ("Sum", "Average"):
+        total = np.add.reduce(stacked, axis=0, dtype=dtype)
+        if op == "Sum":
+            return total
+        if np.issubdtype(dtype, np.integer):
+            return total // len(arrays)
+        return (total / len(arrays)).astype(dtype)
+    ufunc = {"Min": np.minimum, "Max": np.maximum, "Product": np.multiply}[op]
+    return ufunc.reduce(stacked, axis=0, dtype=dtype)

@@ -1,0 +1,146 @@
+"""Every collective, op and dtype through the real rrun and MPI at 1 to 4 ranks (and with
+MPI's own collectives and with tiny pipeline pieces), compared with numpy references."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import cases
+from launch import run_job
+
+pytestmark = pytest.mark.mpi
+
+# (name, ranks, environment): the ring at every size, then the other code paths at 3 ranks.
+CONFIGS = [
+    ("ring-1", 1, {}),
+    ("ring-2", 2, {}),
+    ("ring-3", 3, {}),
+    ("ring-4", 4, {}),
+    ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}),
+    ("pieces-3", 3, {"RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}),
+]
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=[c[0] for c in CONFIGS])
+def job(request, tmp_path_factory):
+    """One run of the worker; the tests below read its results."""
+    name, size, env = request.param
+    out = tmp_path_factory.mktemp(name)
+    result = run_job(size, "collectives.py", out, env=env, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
+    objects = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
+    return size, ranks, objects
+
+
+def assert_same_everywhere(ranks, key, expected):
+    for rank, results in enumerate(ranks):
+        got = results[key]
+        assert got.dtype == expected.dtype, (key, rank)
+        assert got.shape == expected.shape, (key, rank)
+        np.testing.assert_array_equal(got, expected, err_msg=f"{key} on rank {rank}")
+
+
+def test_allreduce_every_dtype_op_and_length(job):
+    size, ranks, _ = job
+    checked = 0
+    for key, dtype, op, length in cases.allreduce_cases(size):
+        inputs = [cases.values(r, dtype, length) for r in range(size)]
+        assert_same_everywhere(ranks, key, cases.reference_reduce(inputs, op))
+        checked += 1
+    assert checked == sum(1 for _ in cases.allreduce_cases(size))
+
+
+def test_allreduce_random_floats_close_to_numpy(job):
+    size, ranks, _ = job
+    for dtype in ("float32", "float64"):
+        inputs = [cases.normal(r, dtype, 999) for r in range(size)]
+        expected = np.sum(np.stack(inputs).astype(np.float64), axis=0)
+        tolerance = 1e-5 if dtype == "float32" else 1e-12
+        for results in ranks:
+            np.testing.assert_allclose(results[f"allreduce-random-{dtype}"], expected, rtol=tolerance,
+                                       atol=tolerance)
+        # Every rank holds the very same bits, whatever the order of reduction.
+        for results in ranks[1:]:
+            np.testing.assert_array_equal(results[f"allreduce-random-{dtype}"],
+                                          ranks[0][f"allreduce-random-{dtype}"])
+
+
+def test_allreduce_ten_million_elements(job):
+    size, ranks, _ = job
+    expected = cases.reference_reduce([cases.values(r, "float32", 10_000_000) for r in range(size)], "Sum")
+    assert_same_everywhere(ranks, "allreduce-10M", expected)
+
+
+def test_allreduce_keeps_shape_scalars_scaling_and_odd_inputs(job):
+    size, ranks, _ = job
+    shaped = [cases.values(r, "float64", 60).reshape(3, 4, 5) for r in range(size)]
+    assert_same_everywhere(ranks, "allreduce-shape", cases.reference_reduce(shaped, "Sum"))
+    assert_same_everywhere(ranks, "allreduce-scalar", np.array(size * (size + 1) / 2))
+    floats = [cases.values(r, "float64", 101) for r in range(size)]
+    assert_same_everywhere(ranks, "allreduce-scaled-float64", np.sum([x * 0.5 for x in floats], axis=0) * 3.0)
+    ints = [np.trunc(cases.values(r, "int32", 101) * 0.5).astype(np.int32) for r in range(size)]
+    expected_ints = np.trunc(np.sum(ints, axis=0, dtype=np.int32) * 3.0).astype(np.int32)
+    assert_same_everywhere(ranks, "allreduce-scaled-int32", expected_ints)
+    strided = [cases.values(r, "float32", 40)[::2] for r in range(size)]
+    assert_same_everywhere(ranks, "allreduce-noncontiguous", cases.reference_reduce(strided, "Sum"))
+    readonly = [cases.values(r, "int16", 33) for r in range(size)]
+    assert_same_everywhere(ranks, "allreduce-readonly", cases.reference_reduce(readonly, "Max"))
+    in_place = [cases.values(r, "int64", 77) for r in range(size)]
+    assert_same_everywhere(ranks, "allreduce_-inplace", cases.reference_reduce(in_place, "Sum"))
+
+
+def test_allgather_ragged_first_dimension(job):
+    size, ranks, _ = job
+    for dtype in cases.DTYPES:
+        parts = [cases.values(r, dtype, 3 * (r + 1)).reshape(r + 1, 3) for r in range(size)]
+        assert_same_everywhere(ranks, f"allgather-{dtype}", np.concatenate(parts))
+    parts = [cases.values(r, "int32", 2 * r).reshape(r, 2) for r in range(size)]
+    assert_same_everywhere(ranks, "allgather-empty-on-rank0", np.concatenate(parts))
+
+
+def test_alltoall_even_and_uneven_splits(job):
+    size, ranks, _ = job
+    sent = [cases.values(r, "int32", 6 * size).reshape(2 * size, 3) for r in range(size)]
+    for rank, results in enumerate(ranks):
+        expected = np.concatenate([sent[src][2 * rank:2 * rank + 2] for src in range(size)])
+        np.testing.assert_array_equal(results["alltoall-even"], expected)
+    splits = [[(r + j) % 3 for j in range(size)] for r in range(size)]
+    sent = [cases.values(r, "float32", 2 * sum(splits[r])).reshape(sum(splits[r]), 2) for r in range(size)]
+    for rank, results in enumerate(ranks):
+        blocks = []
+        for src in range(size):
+            start = sum(splits[src][:rank])
+            blocks.append(sent[src][start:start + splits[src][rank]])
+        np.testing.assert_array_equal(results["alltoall-uneven"], np.concatenate(blocks))
+        np.testing.assert_array_equal(results["alltoall-uneven-received"],
+                                      [splits[src][rank] for src in range(size)])
+
+
+def test_broadcast_from_every_root(job):
+    size, ranks, _ = job
+    for root in range(size):
+        assert_same_everywhere(ranks, f"broadcast-root{root}", cases.values(root, "float64", 1001))
+        assert_same_everywhere(ranks, f"broadcast_-root{root}", cases.values(root, "int8", 50).reshape(5, 10))
+
+
+def test_reducescatter_uneven_rows(job):
+    size, ranks, _ = job
+    inputs = [cases.values(r, "float64", 2 * (2 * size + 1)).reshape(2 * size + 1, 2) for r in range(size)]
+    for op in ("Sum", "Average"):
+        whole = cases.reference_reduce(inputs, op)
+        start = 0
+        for rank, results in enumerate(ranks):
+            rows = 2 + (rank == 0)  # 2n+1 rows: the first rank takes the extra one
+            np.testing.assert_array_equal(results[f"reducescatter-{op}"], whole[start:start + rows])
+            start += rows
+
+
+def test_objects_and_topology(job):
+    size, _, objects = job
+    for rank, got in enumerate(objects):
+        assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]
+        assert got["allgather_object"] == [{"rank": r, "text": "x" * r} for r in range(size)]
+        assert got["topology"] == [rank, size, rank, size, 0, 1]
