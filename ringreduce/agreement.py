@@ -79,13 +79,18 @@ _PROBLEM_TYPES = {cls.__name__: cls for cls in (TypeError, ValueError, Unsupport
 
 def explain(descriptions):
     """The exception every rank raises for these disagreeing calls (index = rank)."""
-    problems = [(rank, d.problem) for rank, d in enumerate(descriptions) if d.problem]
+    problems = {}  # (type name, message) -> ranks
+    for rank, description in enumerate(descriptions):
+        if description.problem:
+            problems.setdefault(description.problem, []).append(rank)
     if problems:
-        type_name = problems[0][1][0]
-        text = "; ".join(f"rank {rank}: {message}" for rank, (_, message) in problems)
-        return _PROBLEM_TYPES.get(type_name, ValueError)(
-            f"{_title(descriptions[problems[0][0]])} failed on {_ranks([r for r, _ in problems])}: {text}"
-        )
+        (type_name, message), ranks = next(iter(problems.items()))
+        title = _title(descriptions[ranks[0]])
+        if len(problems) == 1:
+            text = f"{title} failed on {_ranks(ranks)}: {message}"
+        else:
+            text = f"{title} failed: " + "; ".join(f"{m} (on {_ranks(r)})" for (_, m), r in problems.items())
+        return _PROBLEM_TYPES.get(type_name, ValueError)(text)
     kinds = [d.kind for d in descriptions]
     if len(set(kinds)) > 1:
         return MismatchError("the ranks called different collectives: " + _spread(kinds))

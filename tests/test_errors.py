@@ -1,0 +1,82 @@
+"""Wrong calls raise the same clear error on every rank, naming the ranks and what differed;
+the job goes on working after a caught error, and an uncaught one ends it with rrun naming
+the rank."""
+
+import pytest
+
+from launch import run_job
+
+pytestmark = pytest.mark.mpi
+
+# case -> (exception type, text every rank's message contains), at 3 ranks with rank 1 odd.
+EXPECTED = {
+    "shape": ("MismatchError", "allreduce 'grad' does not match across ranks: shape (3,) on ranks 0, 2 "
+                               "but (4,) on rank 1"),
+    "dtype": ("MismatchError", "dtype float32 on ranks 0, 2 but float64 on rank 1"),
+    "op": ("MismatchError", "op Sum on ranks 0, 2 but Max on rank 1"),
+    "root": ("MismatchError", "root_rank 0 on ranks 0, 2 but 1 on rank 1"),
+    "kind": ("MismatchError", "the ranks called different collectives: allreduce on ranks 0, 2 but "
+                              "broadcast on rank 1"),
+    "name": ("MismatchError", "name 'a' on ranks 0, 2 but 'b' on rank 1"),
+    "unsupported": ("UnsupportedDtypeError", "allreduce failed on rank 1: dtype complex64 is not supported"),
+    "allgather-trailing": ("MismatchError", "shape after the first dimension (3,) on ranks 0, 2 but (4,) "
+                                            "on rank 1"),
+    "splits": ("ValueError", "alltoall failed on rank 1: alltoall splits [5, 5, 5] must be non-negative "
+                             "and add up to the first dimension (4)"),
+    "bool-sum": ("UnsupportedDtypeError", "allreduce failed on ranks 0, 1, 2: Sum is not defined for bool"),
+    "root-out-of-range": ("ValueError", "root_rank 3 is not a rank of this job (0 to 2)"),
+}
+
+
+def test_every_mismatch_raises_on_every_rank_and_the_job_recovers():
+    job = run_job(3, "mismatch.py", "--catch", *EXPECTED)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(3):
+        lines = job.lines_of(rank)
+        for case, (error_type, text) in EXPECTED.items():
+            caught = [line for line in lines if line.startswith(f"{case}: caught ")]
+            assert len(caught) == 1, (rank, case, lines)
+            assert caught[0].startswith(f"{case}: caught {error_type}: "), caught[0]
+            assert text in caught[0], caught[0]
+            assert f"{case}: afterwards sum = [3.0, 3.0]" in lines
+
+
+def test_collective_before_init_is_a_clear_error():
+    job = run_job(2, "mismatch.py", "--catch", "before-init")
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert ("before-init: caught NotInitializedError: ringreduce has not been initialized; "
+                "call ringreduce.init() first") in job.lines_of(rank)
+
+
+@pytest.mark.parametrize("case", ["shape", "unsupported"])
+def test_uncaught_mismatch_ends_the_job_with_the_error(case):
+    job = run_job(2, "mismatch.py", case, timeout=60)
+    assert job.returncode != 0
+    error_type, _ = EXPECTED[case]
+    assert "failed first" in job.last_line and error_type in job.last_line, job.last_line
+    # The first rank to abort ends the others, possibly before they print their own copy.
+    assert any(error_type in line for rank in range(2) for line in job.lines_of(rank, "stderr"))
+
+
+def test_a_rank_that_raises_is_named():
+    job = run_job(3, "misbehave.py", "raise", timeout=60)
+    assert job.returncode == 1
+    assert job.last_line.startswith("rrun: rank 1 ")
+    assert "ValueError: rank 1 fails on purpose" in job.last_line
+    assert "finished" not in job.stdout
+
+
+@pytest.mark.parametrize("mode", ["exit0", "exit3"])
+def test_a_rank_that_leaves_early_is_named(mode):
+    job = run_job(2, "misbehave.py", mode, timeout=60)
+    assert job.returncode != 0
+    assert "PeerExitedError: rank 1 (which had completed 0 collectives) left the job while rank 0 " \
+           "waited for it in allreduce 'after' (collective #1)" in job.last_line, job.last_line
+
+
+def test_a_killed_rank_is_named_with_its_signal():
+    job = run_job(3, "misbehave.py", "sigkill", timeout=60)
+    assert job.returncode == 128 + 9
+    assert job.last_line.startswith("rrun: rank 1 ")
+    assert "killed by signal 9 (SIGKILL)" in job.last_line

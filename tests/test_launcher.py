@@ -1,0 +1,146 @@
+"""rrun as a user meets it: tagged output, one-line errors, signals that leave nothing behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from launch import WORKERS, rrun_command, run_job
+
+RRUN = [sys.executable, "-m", "ringreduce.launcher"]
+
+
+def rrun(*args, env=None, timeout=60):
+    return subprocess.run(RRUN + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL)
+
+
+def one_line_error(result):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.mpi
+def test_every_line_carries_its_rank_and_stream():
+    job = run_job(2, "chatter.py")
+    assert job.returncode == 0, job.stderr
+    for rank in range(2):
+        assert job.lines_of(rank) == [f"hello from {rank} of 2", "second line", "no newline at the end"]
+        assert job.lines_of(rank, "stderr") == [f"warning from {rank}"]
+    assert all(line.startswith(("[0]<stdout>:", "[1]<stdout>:")) for line in job.stdout.splitlines())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "2", sys.executable, "no_such_script.py"], "Error: script not found: no_such_script.py"),
+    (["-np", "2", "no-such-program-xyz"], "Error: command not found: no-such-program-xyz"),
+    (["-np", "5", "-H", "localhost:2,other:2", sys.executable, "-c", "pass"],
+     "Error: -np 5 is more than the 4 slots given (localhost:2, other:2)"),
+    (["-np", "2", "-H", "good:2,bad host:2", sys.executable, "-c", "pass"],
+     "Error: -H entry 'bad host:2' is not 'host' or 'host:slots' or 'host slots=N'"),
+    (["-np", "2", "-H", "node1:0", sys.executable, "-c", "pass"],
+     "Error: -H entry 'node1:0': the number of slots must be at least 1"),
+    (["-np", "2", "--mpiexec", "/no/such/mpiexec", sys.executable, "-c", "pass"],
+     "Error: mpiexec '/no/such/mpiexec' (from --mpiexec or RRUN_MPIEXEC) does not exist"),
+    ([sys.executable, "-c", "pass"], "Error: give the number of ranks with -np (or hosts with -H or --hostfile)"),
+    (["-np", "2"], "Error: give the command to run, e.g. `rrun -np 2 python train.py`"),
+    (["-np", "2", "-x", "RRUN_TEST_UNSET_VARIABLE", sys.executable, "-c", "pass"],
+     "Error: -x RRUN_TEST_UNSET_VARIABLE: the variable is not set here, so there is nothing to forward"),
+])
+def test_mistakes_give_one_line_errors(args, message):
+    assert one_line_error(rrun(*args)) == message
+
+
+def test_malformed_hostfile_line_is_named(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=2\nnode2 slots=two\n")
+    assert one_line_error(rrun("--hostfile", str(hostfile), sys.executable, "-c", "pass")) == (
+        f"Error: hostfile {hostfile} line 3 ('node2 slots=two') is not 'host' or 'host:slots' "
+        "or 'host slots=N'")
+
+
+def test_no_mpiexec_anywhere_gives_the_install_hint(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ringreduce.launcher.cli import main
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("RRUN_MPIEXEC", raising=False)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    result = CliRunner().invoke(main, ["-np", "2", "/bin/sh", str(script)])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "Error: no mpiexec found on PATH: install one with `pip install ringreduce[mpich]` "
+        "(or the site's MPI), or name it with --mpiexec / RRUN_MPIEXEC")
+
+
+def test_dry_run_prints_the_mpiexec_command(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    result = rrun("--dry-run", "-np", "3", "-i", "lo", "-x", "FOO=bar", "--mpi-args", "-verbose",
+                  sys.executable, str(script), "--epochs", "2")
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert os.path.basename(words[0]) == "mpiexec"
+    text = result.stdout
+    assert " -n 3 " in text and " -iface lo " in text and " -genv FOO bar " in text
+    assert text.strip().endswith(f"-verbose {sys.executable} -m ringreduce.launcher.rank 3 -- "
+                                 f"{sys.executable} {script} --epochs 2")
+
+
+def test_check_build_reports_the_installation():
+    result = rrun("--check-build")
+    assert result.returncode == 0, result.stderr
+    assert "ringreduce v0.1.0" in result.stdout
+    assert "[X] mpi4py 4." in result.stdout
+    assert "[X] mpiexec " in result.stdout and "(MPICH)" in result.stdout
+    assert "Available frameworks:" in result.stdout and "Available GPU libraries:" in result.stdout
+
+
+def test_mpiexec_of_another_mpi_is_detected_at_init():
+    """A rank that finds itself alone in a world rrun meant to be bigger says why."""
+    result = subprocess.run([sys.executable, "-c", "import ringreduce as rr; rr.init()"],
+                            capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, RRUN_WORLD_SIZE="2"))
+    assert result.returncode != 0
+    assert "rrun started 2 ranks but MPI reports a world of 1" in result.stderr
+
+
+def _processes_with(marker):
+    """Every process of the job: rrun, mpiexec, the wrappers and the ranks all carry the marker."""
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+
+
+def _sleeping_ranks(marker):
+    return [p for p in _processes_with(marker) if p.info["cmdline"][1].endswith("misbehave.py")]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_rrun_ends_every_rank(signum):
+    marker = f"marker-{uuid.uuid4().hex}"
+    rrun_process = subprocess.Popen(rrun_command(2, "misbehave.py", "sleep", marker),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_sleeping_ranks(marker)) < 2:
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.2)
+        time.sleep(1.0)  # let the ranks reach their sleep
+        rrun_process.send_signal(signum)
+        _, stderr = rrun_process.communicate(timeout=30)
+    finally:
+        rrun_process.kill()
+    assert rrun_process.returncode == 128 + signum
+    assert stderr.decode().strip().splitlines()[-1] == (
+        f"rrun: stopped by {signal.Signals(signum).name}; every rank was ended")
+    assert [p.info["cmdline"] for p in _processes_with(marker)] == []
