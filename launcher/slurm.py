@@ -15,7 +15,7 @@ def allocation(environ):
     counts = expand_tasks_per_node(tasks)
     if len(counts) != len(names):
         return None
-    return [Host(name, count) for name, count in zip(names, counts)]
+    return [Host(name, count) for name, count in zip(names, counts, strict=True)]
 
 
 def expand_nodelist(text):

@@ -24,4 +24,4 @@ def allgather_object(obj, name=None):
     lengths = collectives.allgather(np.array([len(payload)], dtype=np.int64), name=name)
     gathered = collectives.allgather(payload, name=name).tobytes()
     ends = np.cumsum(lengths).tolist()
-    return [pickle.loads(gathered[end - n:end]) for end, n in zip(ends, lengths.tolist())]
+    return [pickle.loads(gathered[end - n:end]) for end, n in zip(ends, lengths.tolist(), strict=True)]

@@ -13,11 +13,10 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import agreement, algorithms, topology
+from ringreduce import agreement, algorithms, launched, topology
 from ringreduce.algorithms.ring import offsets_of
 from ringreduce.arrays import Workspace
 from ringreduce.config import Config
-from ringreduce import launched
 from ringreduce.errors import NotInitializedError, PeerExitedError, RingReduceError
 from ringreduce.liveness import ExitNotices
 from ringreduce.transports import MPITransport

@@ -2,7 +2,6 @@
 MPI's own collectives and with tiny pipeline pieces), compared with numpy references."""
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -10,7 +10,7 @@ import uuid
 import psutil
 import pytest
 
-from launch import WORKERS, rrun_command, run_job
+from launch import rrun_command, run_job
 
 RRUN = [sys.executable, "-m", "ringreduce.launcher"]
 

@@ -40,7 +40,7 @@ def reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems):
         receives = [transport.irecv(p, left) for p in pieces(incoming, chunk_elems)]
         sends = [transport.isend(p, right) for p in pieces(outgoing, chunk_elems)]
         for request, target, piece in zip(
-            receives, pieces(mine, chunk_elems), pieces(incoming, chunk_elems)
+            receives, pieces(mine, chunk_elems), pieces(incoming, chunk_elems), strict=True
         ):
             transport.wait([request])
             combine(target, piece, out=target)

@@ -1,0 +1,81 @@
+"""The mpiexec command line each dialect builds for each rrun option (no MPI is started)."""
+
+import pytest
+
+from ringreduce.launcher.dialects import MPICH, IntelMPI, JobSpec, OpenMPI, detect
+
+RANK = ["python", "-m", "ringreduce.launcher.rank", "4", "--", "python", "train.py"]
+
+
+def job(**changes):
+    return JobSpec(**{"num_proc": 4, "rank_command": RANK, "local_cores": 8, **changes})
+
+
+@pytest.mark.parametrize("text, dialect", [
+    ("mpiexec (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", OpenMPI),
+    ("mpirun (Open MPI) 5.0.3", OpenMPI),
+    ("HYDRA build details:\n    Version: 5.0.2", MPICH),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619", IntelMPI),
+])
+def test_dialect_is_read_off_the_version_text(text, dialect):
+    assert type(detect(text)) is dialect
+
+
+def test_unknown_mpi_is_not_guessed():
+    assert detect("some other launcher 1.0") is None
+
+
+def test_open_mpi_local_run():
+    assert OpenMPI().command("mpiexec", job()) == [
+        "mpiexec", "-np", "4", "--bind-to", "none", "--map-by", "slot", *_carried(), *RANK]
+
+
+def test_open_mpi_oversubscribes_only_past_the_local_cores():
+    assert "--oversubscribe" in OpenMPI().command("mpiexec", job(local_cores=2))
+    assert "--oversubscribe" not in OpenMPI().command("mpiexec", job(local_cores=4))
+    placed = job(local_cores=2, placement=[("a", 2), ("b", 2)])
+    assert "--oversubscribe" not in OpenMPI().command("mpiexec", placed)
+
+
+def test_open_mpi_as_root_hosts_interface_env_and_extra_args():
+    argv = OpenMPI().command("mpiexec", job(
+        as_root=True, placement=[("a", 2), ("b", 2)], network_interface="ib0",
+        env={"RINGREDUCE_ALGORITHM": "mpi", "FOO": "bar baz"}, mpi_args=["--mca", "pml", "ucx"]))
+    assert "--allow-run-as-root" in argv
+    assert argv[argv.index("-H") + 1] == "a:2,b:2"
+    assert _pairs(argv, "--mca") == [("btl_tcp_if_include", "ib0"), ("oob_tcp_if_include", "ib0"),
+                                     ("pml", "ucx")]
+    assert ["-x", "RINGREDUCE_ALGORITHM=mpi"] in _windows(argv) and ["-x", "FOO=bar baz"] in _windows(argv)
+    assert argv[-len(RANK) - 3:] == ["--mca", "pml", "ucx", *RANK]
+
+
+def test_mpich_command():
+    argv = MPICH().command("/opt/mpich/bin/mpiexec", job(
+        placement=[("a", 3), ("b", 1)], network_interface="eth1", env={"FOO": "1"}, mpi_args=["-ppn", "3"]))
+    assert argv == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "a:3,b:1", "-iface", "eth1",
+                    "-genv", "FOO", "1", "-ppn", "3", *RANK]
+
+
+def test_mpich_local_run_is_minimal():
+    assert MPICH().command("mpiexec", job()) == ["mpiexec", "-n", "4", *RANK]
+
+
+def test_intel_mpi_puts_each_host_in_its_own_section():
+    argv = IntelMPI().command("mpiexec", job(placement=[("a", 3), ("b", 1)], env={"FOO": "1"}))
+    assert argv == ["mpiexec", "-genv", "FOO", "1", "-n", "3", "-host", "a", *RANK,
+                    ":", "-n", "1", "-host", "b", *RANK]
+
+
+def _carried():
+    import os
+
+    return [w for name in OpenMPI.carried_variables if name in os.environ
+            for w in ("-x", f"{name}={os.environ[name]}")]
+
+
+def _windows(argv):
+    return [argv[i:i + 2] for i in range(len(argv) - 1)]
+
+
+def _pairs(argv, flag):
+    return [(argv[i + 1], argv[i + 2]) for i, word in enumerate(argv) if word == flag]

@@ -1,0 +1,77 @@
+"""Hosts from -H, hostfiles and Slurm, and how ranks are placed on them."""
+
+import pytest
+
+from ringreduce.launcher import slurm
+from ringreduce.launcher.cli import resolve_ranks
+from ringreduce.launcher.errors import LaunchError
+from ringreduce.launcher.hosts import Host, parse_hostfile, parse_hosts, place
+
+
+def test_hosts_option():
+    assert parse_hosts("node1:4,node2:2,node3") == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+@pytest.mark.parametrize("text", ["node1:4,", ":4", "node1:x", "node 1:2", "node1:-1"])
+def test_malformed_hosts_option(text):
+    with pytest.raises(LaunchError, match="is not 'host' or 'host:slots'"):
+        parse_hosts(text)
+
+
+def test_hostfile_both_forms_comments_and_blank_lines(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# the cluster\n\nnode1 slots=4   # big one\nnode2:2\n  node3\n")
+    assert parse_hostfile(path) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+def test_hostfile_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    with pytest.raises(LaunchError, match="names no hosts"):
+        parse_hostfile(empty)
+    with pytest.raises(LaunchError, match="cannot read hostfile"):
+        parse_hostfile(tmp_path / "missing")
+    zero = tmp_path / "zero"
+    zero.write_text("node1 slots=0\n")
+    with pytest.raises(LaunchError, match=r"line 1 \('node1 slots=0'\): the number of slots must be at least 1"):
+        parse_hostfile(zero)
+
+
+def test_placement_fills_hosts_in_order():
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 4)]
+    assert place(hosts, 3) == [("a", 2), ("b", 1)]
+    assert place(hosts, 8) == [("a", 2), ("b", 2), ("c", 4)]
+    with pytest.raises(LaunchError, match="-np 9 is more than the 8 slots given"):
+        place(hosts, 9)
+
+
+@pytest.mark.parametrize("text, names", [
+    ("node1", ["node1"]),
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("gpu[1-2],cpu7,big[9-10]", ["gpu1", "gpu2", "cpu7", "big9", "big10"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+])
+def test_slurm_nodelist_expansion(text, names):
+    assert slurm.expand_nodelist(text) == names
+
+
+def test_slurm_tasks_per_node():
+    assert slurm.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+SLURM = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+
+
+def test_inside_slurm_without_np_the_allocation_decides():
+    assert resolve_ranks(None, None, None, SLURM) == (8, [("n1", 4), ("n2", 4)])
+
+
+def test_np_inside_slurm_is_left_to_mpiexec_and_outside_slurm_runs_locally():
+    assert resolve_ranks(3, None, None, SLURM) == (3, None)
+    assert resolve_ranks(3, None, None, {}) == (3, None)
+
+
+def test_hosts_without_np_use_every_slot():
+    assert resolve_ranks(None, "a:2,b:1", None, {}) == (3, [("a", 2), ("b", 1)])
+    with pytest.raises(LaunchError, match="not both"):
+        resolve_ranks(None, "a:2", "hostfile", {})
