@@ -8,50 +8,54 @@ import ringreduce
 from ringreduce.launcher import dialects
 from ringreduce.launcher.errors import LaunchError
 
-FRAMEWORKS = (("PyTorch", "torch", "torch"), ("TensorFlow", "tensorflow", "tensorflow"))
-GPU_LIBRARIES = (("CuPy", "cupy", None),)
+FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"))
+GPU_LIBRARIES = (("CuPy", "cupy"),)
 
 
 def report(mpiexec_name=None):
     lines = [f"ringreduce v{ringreduce.__version__} (Python {sys.version.split()[0]}, {sys.executable})", ""]
     lines.append("Available frameworks:")
-    lines += [_line(*entry) for entry in FRAMEWORKS]
+    lines += [_module_line(label, module) for label, module in FRAMEWORKS]
     lines.append("Available GPU libraries:")
-    lines += [_line(*entry) for entry in GPU_LIBRARIES]
+    lines += [_module_line(label, module) for label, module in GPU_LIBRARIES]
     lines.append("MPI:")
-    lines.append(_mpi_library())
-    lines.append(_mpiexec(mpiexec_name))
+    lines += _mpi_lines(mpiexec_name)
     return "\n".join(lines)
 
 
-def _line(label, module, distribution):
+def _module_line(label, module):
     if importlib.util.find_spec(module) is None:
         return f"    [ ] {label}"
-    return f"    [X] {label} {_version(distribution or module)}".rstrip()
+    return f"    [X] {label} {_version(module)}".rstrip()
 
 
-def _version(distribution):
+def _version(module):
+    distributions = importlib.metadata.packages_distributions().get(module, [module])
     try:
-        return importlib.metadata.version(distribution)
+        return importlib.metadata.version(distributions[0])
     except importlib.metadata.PackageNotFoundError:
-        for candidate in importlib.metadata.packages_distributions().get(distribution, []):
-            return importlib.metadata.version(candidate)
         return ""
 
 
-def _mpi_library():
+def _mpi_lines(mpiexec_name):
     import mpi4py
 
     mpi4py.rc.initialize = False  # read the library's name without starting MPI in rrun
     from mpi4py import MPI
 
-    library = MPI.Get_library_version().strip().splitlines()[0]
-    return f"    [X] mpi4py {mpi4py.__version__} on {library}"
-
-
-def _mpiexec(named):
+    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    lines = [f"    [X] mpi4py {mpi4py.__version__} on {library}"]
     try:
-        path = dialects.find_mpiexec(named)
-        return f"    [X] mpiexec {path} ({dialects.dialect_of(path).name})"
+        path = dialects.find_mpiexec(mpiexec_name)
+        launcher = dialects.dialect_of(path)
     except LaunchError as error:
-        return f"    [ ] mpiexec: {error.message}"
+        return lines + [f"    [ ] mpiexec: {error.message}"]
+    lines.append(f"    [X] mpiexec {path} ({launcher.name})")
+    linked = dialects.detect(library)
+    if linked is not None and linked.name != launcher.name:
+        lines.append(
+            f"    [!] mpi4py uses {linked.name} but this mpiexec is {launcher.name}: the ranks would not "
+            "find each other. Use the matching mpiexec (--mpiexec) or rebuild mpi4py against this MPI "
+            "(see the README)."
+        )
+    return lines

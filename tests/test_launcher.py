@@ -106,6 +106,27 @@ def test_check_build_reports_the_installation():
     assert "Available frameworks:" in result.stdout and "Available GPU libraries:" in result.stdout
 
 
+def fake_mpiexec(tmp_path, version_text):
+    path = tmp_path / "mpiexec"
+    path.write_text(f"#!/bin/sh\necho '{version_text}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_check_build_warns_when_mpiexec_and_mpi4py_disagree(tmp_path):
+    result = rrun("--check-build", "--mpiexec", fake_mpiexec(tmp_path, "mpiexec (Open MPI) 4.1.4"))
+    assert result.returncode == 0, result.stderr
+    assert "(Open MPI)" in result.stdout
+    assert "[!] mpi4py uses MPICH but this mpiexec is Open MPI: the ranks would not find each other" in result.stdout
+
+
+def test_an_mpiexec_rrun_does_not_know_is_named(tmp_path):
+    mpiexec = fake_mpiexec(tmp_path, "FancyMPI launcher 9.9")
+    assert one_line_error(rrun("-np", "2", "--mpiexec", mpiexec, sys.executable, "-c", "pass")) == (
+        f"Error: {mpiexec} is not an MPI that rrun knows (its --version says: FancyMPI launcher 9.9); "
+        "rrun speaks Open MPI, MPICH and Intel MPI")
+
+
 def test_mpiexec_of_another_mpi_is_detected_at_init():
     """A rank that finds itself alone in a world rrun meant to be bigger says why."""
     result = subprocess.run([sys.executable, "-c", "import ringreduce as rr; rr.init()"],
