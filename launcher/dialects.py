@@ -92,18 +92,19 @@ def detect(version_text):
 
 
 def find_mpiexec(named=None):
-    """The mpiexec to use: the one named, else the one on PATH, else the one beside this Python
-    (where `pip install mpich` puts it when its environment is not on PATH)."""
+    """The mpiexec to use: the one named, else the one beside this Python (where `pip install
+    mpich` or a conda MPI puts it, matching the MPI that this environment's mpi4py loads, even
+    when the environment is not on PATH), else the one on PATH."""
     if named:
         path = shutil.which(named)
         if path is None:
             raise LaunchError(f"mpiexec {named!r} (from --mpiexec or RRUN_MPIEXEC) does not exist")
         return path
     beside_python = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    path = shutil.which("mpiexec") or shutil.which(beside_python)
+    path = shutil.which(beside_python) or shutil.which("mpiexec")
     if path is None:
         raise LaunchError(
-            "no mpiexec found on PATH: install one with `pip install ringreduce[mpich]` "
+            "no mpiexec found beside Python or on PATH: install one with `pip install ringreduce[mpich]` "
             "(or the site's MPI), or name it with --mpiexec / RRUN_MPIEXEC"
         )
     return path

@@ -27,7 +27,7 @@ def job(request, tmp_path_factory):
     """One run of the worker; the tests below read its results."""
     name, size, env = request.param
     out = tmp_path_factory.mktemp(name)
-    result = run_job(size, "collectives.py", out, env=env, timeout=240)
+    result = run_job(size, "collectives.py", out, env=env, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
     objects = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]

@@ -79,7 +79,7 @@ def test_no_mpiexec_anywhere_gives_the_install_hint(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["-np", "2", "/bin/sh", str(script)])
     assert result.exit_code == 2
     assert result.output.strip() == (
-        "Error: no mpiexec found on PATH: install one with `pip install ringreduce[mpich]` "
+        "Error: no mpiexec found beside Python or on PATH: install one with `pip install ringreduce[mpich]` "
         "(or the site's MPI), or name it with --mpiexec / RRUN_MPIEXEC")
 
 
