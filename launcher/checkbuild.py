@@ -38,20 +38,15 @@ def _version(module):
 
 
 def _mpi_lines(mpiexec_name):
-    import mpi4py
-
-    mpi4py.rc.initialize = False  # read the library's name without starting MPI in rrun
-    from mpi4py import MPI
-
-    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
-    lines = [f"    [X] mpi4py {mpi4py.__version__} on {library}"]
+    library, problem = _mpi_library()
+    lines = [f"    [X] mpi4py {library}" if library else f"    [ ] mpi4py: {problem}"]
     try:
         path = dialects.find_mpiexec(mpiexec_name)
         launcher = dialects.dialect_of(path)
     except LaunchError as error:
         return lines + [f"    [ ] mpiexec: {error.message}"]
     lines.append(f"    [X] mpiexec {path} ({launcher.name})")
-    linked = dialects.detect(library)
+    linked = dialects.detect(library or "")
     if linked is not None and linked.name != launcher.name:
         lines.append(
             f"    [!] mpi4py uses {linked.name} but this mpiexec is {launcher.name}: the ranks would not "
@@ -59,3 +54,16 @@ def _mpi_lines(mpiexec_name):
             "(see the README)."
         )
     return lines
+
+
+def _mpi_library():
+    """(mpi4py's version and the MPI library it loaded, None) or (None, why it cannot load)."""
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False  # read the library's name without starting MPI in rrun
+        from mpi4py import MPI
+    except ImportError as error:
+        return None, f"cannot be loaded: {error}"
+    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    return f"{mpi4py.__version__} on {library}", None

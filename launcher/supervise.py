@@ -60,6 +60,10 @@ class Supervisor:
             if report is not None:
                 self._take_report(report)
                 continue
+            if not line.endswith(b"\n"):
+                # A last line cut short; Open MPI's launcher ends with a lone NUL byte.
+                line = line.rstrip(b"\x00")
+                line = line + b"\n" if line else line
             sink.write(line)
             sink.flush()
 

@@ -7,27 +7,30 @@ import numpy as np
 import pytest
 
 import cases
-from launch import run_job
+from launch import python_of, run_job
 
 pytestmark = pytest.mark.mpi
 
-# (name, ranks, environment): the ring at every size, then the other code paths at 3 ranks.
+# (name, ranks, environment, MPI): the ring at every size, then the other code paths at 3 ranks.
 CONFIGS = [
-    ("ring-1", 1, {}),
-    ("ring-2", 2, {}),
-    ("ring-3", 3, {}),
-    ("ring-4", 4, {}),
-    ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}),
-    ("pieces-3", 3, {"RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}),
+    ("ring-1", 1, {}, "mpich"),
+    ("ring-2", 2, {}, "mpich"),
+    ("ring-3", 3, {}, "mpich"),
+    ("ring-4", 4, {}, "mpich"),
+    ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}, "mpich"),
+    ("pieces-3", 3, {"RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}, "mpich"),
+    ("openmpi-3", 3, {}, "openmpi"),
+    ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi"),
 ]
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[c[0] for c in CONFIGS])
 def job(request, tmp_path_factory):
     """One run of the worker; the tests below read its results."""
-    name, size, env = request.param
+    name, size, env, mpi = request.param
+    python = python_of(mpi)
     out = tmp_path_factory.mktemp(name)
-    result = run_job(size, "collectives.py", out, env=env, timeout=100)
+    result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
     objects = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]

@@ -28,8 +28,8 @@ EXPECTED = {
 }
 
 
-def test_every_mismatch_raises_on_every_rank_and_the_job_recovers():
-    job = run_job(3, "mismatch.py", "--catch", *EXPECTED)
+def test_every_mismatch_raises_on_every_rank_and_the_job_recovers(mpi_python):
+    job = run_job(3, "mismatch.py", "--catch", *EXPECTED, python=mpi_python)
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(3):
         lines = job.lines_of(rank)
@@ -59,8 +59,8 @@ def test_uncaught_mismatch_ends_the_job_with_the_error(case):
     assert any(error_type in line for rank in range(2) for line in job.lines_of(rank, "stderr"))
 
 
-def test_a_rank_that_raises_is_named():
-    job = run_job(3, "misbehave.py", "raise", timeout=60)
+def test_a_rank_that_raises_is_named(mpi_python):
+    job = run_job(3, "misbehave.py", "raise", python=mpi_python, timeout=60)
     assert job.returncode == 1
     assert job.last_line.startswith("rrun: rank 1 ")
     assert "ValueError: rank 1 fails on purpose" in job.last_line
@@ -68,15 +68,15 @@ def test_a_rank_that_raises_is_named():
 
 
 @pytest.mark.parametrize("mode", ["exit0", "exit3"])
-def test_a_rank_that_leaves_early_is_named(mode):
-    job = run_job(2, "misbehave.py", mode, timeout=60)
+def test_a_rank_that_leaves_early_is_named(mode, mpi_python):
+    job = run_job(2, "misbehave.py", mode, python=mpi_python, timeout=60)
     assert job.returncode != 0
     assert "PeerExitedError: rank 1 (which had completed 0 collectives) left the job while rank 0 " \
            "waited for it in allreduce 'after' (collective #1)" in job.last_line, job.last_line
 
 
-def test_a_killed_rank_is_named_with_its_signal():
-    job = run_job(3, "misbehave.py", "sigkill", timeout=60)
+def test_a_killed_rank_is_named_with_its_signal(mpi_python):
+    job = run_job(3, "misbehave.py", "sigkill", python=mpi_python, timeout=60)
     assert job.returncode == 128 + 9
     assert job.last_line.startswith("rrun: rank 1 ")
     assert "killed by signal 9 (SIGKILL)" in job.last_line

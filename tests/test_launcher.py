@@ -29,8 +29,8 @@ def one_line_error(result):
 
 
 @pytest.mark.mpi
-def test_every_line_carries_its_rank_and_stream():
-    job = run_job(2, "chatter.py")
+def test_every_line_carries_its_rank_and_stream(mpi_python):
+    job = run_job(2, "chatter.py", python=mpi_python)
     assert job.returncode == 0, job.stderr
     for rank in range(2):
         assert job.lines_of(rank) == [f"hello from {rank} of 2", "second line", "no newline at the end"]
@@ -147,9 +147,9 @@ def _sleeping_ranks(marker):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_to_rrun_ends_every_rank(signum):
+def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
     marker = f"marker-{uuid.uuid4().hex}"
-    rrun_process = subprocess.Popen(rrun_command(2, "misbehave.py", "sleep", marker),
+    rrun_process = subprocess.Popen(rrun_command(2, "misbehave.py", "sleep", marker, python=mpi_python),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
