@@ -95,13 +95,29 @@ def environment(env_items, environ):
     return env
 
 
+# Python options that take the next argument as their value.
+_PYTHON_VALUE_OPTIONS = {"-W", "-X", "--check-hash-based-pycs"}
+
+
 def check_command(command):
     """Catch a missing program or script here, with one line, instead of once per rank."""
     program = command[0]
     if shutil.which(program) is None:
         raise LaunchError(f"command not found: {program}")
     if os.path.basename(program).startswith("python"):
-        script = next((a for a in command[1:] if not a.startswith("-")), None)
-        runs_a_script = script is not None and not {"-m", "-c"} & set(command[1:command.index(script)])
-        if runs_a_script and not os.path.exists(script):
+        script = python_script(command[1:])
+        if script is not None and not os.path.exists(script):
             raise LaunchError(f"script not found: {script}")
+
+
+def python_script(arguments):
+    """The script a python command line runs, or None (-m, -c, or an interactive python)."""
+    words = iter(arguments)
+    for word in words:
+        if word.startswith(("-m", "-c")):
+            return None
+        if word in _PYTHON_VALUE_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None

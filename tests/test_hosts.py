@@ -3,7 +3,7 @@
 import pytest
 
 from ringreduce.launcher import slurm
-from ringreduce.launcher.cli import resolve_ranks
+from ringreduce.launcher.cli import python_script, resolve_ranks
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.hosts import Host, parse_hostfile, parse_hosts, place
 
@@ -75,3 +75,15 @@ def test_hosts_without_np_use_every_slot():
     assert resolve_ranks(None, "a:2,b:1", None, {}) == (3, [("a", 2), ("b", 1)])
     with pytest.raises(LaunchError, match="not both"):
         resolve_ranks(None, "a:2", "hostfile", {})
+
+
+@pytest.mark.parametrize("arguments, script", [
+    (["train.py", "--lr", "0.1"], "train.py"),
+    (["-u", "-W", "ignore", "-X", "dev", "train.py"], "train.py"),
+    (["-m", "package.train", "x.py"], None),
+    (["-c", "print(1)"], None),
+    (["-mpackage"], None),
+    ([], None),
+])
+def test_the_script_of_a_python_command_line(arguments, script):
+    assert python_script(arguments) == script
