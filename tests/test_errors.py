@@ -49,7 +49,7 @@ def test_collective_before_init_is_a_clear_error():
                 "call ringreduce.init() first") in job.lines_of(rank)
 
 
-@pytest.mark.parametrize("case", ["shape", "unsupported"])
+@pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_uncaught_mismatch_ends_the_job_with_the_error(case):
     job = run_job(2, "mismatch.py", case, timeout=60)
     assert job.returncode != 0
