@@ -17,15 +17,18 @@ from ringreduce.errors import (
     RingReduceError,
     UnsupportedDtypeError,
 )
+from ringreduce.compression import Compression
 from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ringreduce.runtime": ("init", "shutdown", "is_initialized"),
+    "ringreduce.runtime": ("init", "shutdown", "is_initialized", "engine_stats", "straggler_report"),
     "ringreduce.collectives": (
-        "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_",
-        "alltoall", "reducescatter", "barrier",
+        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+        "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
+        "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
+        "reducescatter_async", "barrier", "join", "poll", "synchronize",
     ),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
     "ringreduce.topology_api": (
@@ -35,7 +38,7 @@ _LAZY = {
 _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = sorted(_HOME) + [
-    "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
+    "Compression", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
     "MismatchError", "NotInitializedError", "PeerExitedError", "RingReduceError",
     "UnsupportedDtypeError",
 ]

@@ -1,156 +1,205 @@
-"""The collectives on arrays: check the arguments with every rank, then run the algorithm.
+"""The collectives on arrays: each `*_async` call checks its arguments, hands a request to the
+engine and returns a handle; each plain call waits for its handle.
 
-Out-of-place calls return a new array and accept any input (non-contiguous and read-only
-arrays are copied once, which the result needs anyway); the in-place forms write into the
-array they are given.
+Arguments that are wrong on one rank are not raised at once: the request still goes to the
+negotiation with the problem attached, so that every rank raises the same error together
+instead of the others waiting forever. Out-of-place calls write a new array; the input must
+not change until the handle is done. The in-place forms write into the array they are given.
 """
-
-import math
 
 import numpy as np
 
-from ringreduce import arrays, ops, runtime
-from ringreduce.agreement import SHAPE, Signature
-from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce import arrays, compression as compressions, ops, runtime
+from ringreduce.agreement import Message
+from ringreduce.compression import Compression
 from ringreduce.ops import Average
+from ringreduce.requests import Handle, Request
 
 
-def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                    compression=Compression.none):
     """Combine the arrays of all ranks element-wise; every rank gets the result."""
-    array = arrays.as_array(tensor)
-    with runtime.active().collective("allreduce", name) as call:
-        call.agree(lambda: _reduction_signature(array, op, prescale_factor, postscale_factor))
-        result = arrays.fresh_copy(array)
-        _allreduce_in_place(call.runtime, result, ops.as_op(op), prescale_factor, postscale_factor)
-    return result
+    return _submit("allreduce", name, lambda: _reduction(
+        tensor, op, prescale_factor, postscale_factor, compression, in_place=False))
 
 
-def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """allreduce that writes the result into `tensor` (writeable and C-contiguous) and returns it."""
-    with runtime.active().collective("allreduce", name) as call:
-        call.agree(lambda: _reduction_signature(
-            arrays.writable_in_place(tensor, "allreduce_"), op, prescale_factor, postscale_factor))
-        _allreduce_in_place(call.runtime, tensor, ops.as_op(op), prescale_factor, postscale_factor)
-    return tensor
+def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                     compression=Compression.none):
+    """allreduce_async that writes the result into `tensor` (writeable and C-contiguous)."""
+    return _submit("allreduce", name, lambda: _reduction(
+        tensor, op, prescale_factor, postscale_factor, compression, in_place=True))
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Combine the arrays of all ranks and give each rank its share of the first dimension.
-
-    The rows are split as evenly as possible, the first ranks taking one more when they do
-    not divide (as Horovod does).
-    """
-    array = arrays.as_array(tensor)
-    with runtime.active().collective("reducescatter", name) as call:
-        call.agree(lambda: _reduction_signature(
-            _with_rows(array, "reducescatter"), op, prescale_factor, postscale_factor))
-        rt, op = call.runtime, ops.as_op(op)
-        rows = even_counts(array.shape[0], rt.topology.size)
-        row_size = _row_size(array)
-        work = arrays.fresh_copy(array).reshape(-1)
-        ops.scale(work, prescale_factor)
-        mine = rt.algorithms.reducescatter(work, offsets_of([r * row_size for r in rows]), op)
-        ops.finish(mine, op, rt.topology.size, postscale_factor)
-    return mine.reshape((rows[rt.topology.rank],) + array.shape[1:])
+def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                            compression=Compression.none):
+    """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
+    base = name or runtime.active().auto_name()
+    return GroupHandle([
+        allreduce_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor, compression)
+        for i, t in enumerate(tensors)])
 
 
-def allgather(tensor, name=None):
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Combine the arrays of all ranks and give each rank its share of the first dimension, split
+    as evenly as possible with the first ranks taking one more row (as Horovod)."""
+    return _submit("reducescatter", name, lambda: _reduction(
+        _with_rows(arrays.as_array(tensor), "reducescatter"), op, prescale_factor, postscale_factor,
+        Compression.none, in_place=False, output_known=False))
+
+
+def allgather_async(tensor, name=None):
     """Concatenate the arrays of all ranks along the first dimension, which may differ by rank."""
-    array = arrays.as_array(tensor)
-    with runtime.active().collective("allgather", name) as call:
-        rows = call.agree(lambda: _gather_signature(_with_rows(array, "allgather")))
-        rt = call.runtime
-        row_offsets = offsets_of(rows[:, SHAPE])
-        result = np.empty((row_offsets[-1],) + array.shape[1:], dtype=array.dtype)
-        mine = rt.topology.rank
-        result[row_offsets[mine]:row_offsets[mine + 1]] = array
-        rt.algorithms.allgather(result.reshape(-1), [o * _row_size(array) for o in row_offsets])
-    return result
+    return _submit("allgather", name, lambda: _gathered(_with_rows(arrays.as_array(tensor), "allgather")))
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast_async(tensor, root_rank, name=None):
     """Every rank gets a copy of the root rank's array."""
-    array = arrays.as_array(tensor)
-    with runtime.active().collective("broadcast", name) as call:
-        call.agree(lambda: _broadcast_signature(array, root_rank, call.runtime))
-        if call.runtime.topology.rank == root_rank:
-            result = arrays.fresh_copy(array)
-        else:
-            result = np.empty(array.shape, dtype=array.dtype)
-        call.runtime.algorithms.broadcast(result.reshape(-1), root_rank)
-    return result
+    return _submit("broadcast", name, lambda: _broadcast(tensor, root_rank, in_place=False))
 
 
-def broadcast_(tensor, root_rank, name=None):
-    """broadcast into `tensor` (writeable and C-contiguous) on every rank, and return it."""
-    with runtime.active().collective("broadcast", name) as call:
-        call.agree(lambda: _broadcast_signature(
-            arrays.writable_in_place(tensor, "broadcast_"), root_rank, call.runtime))
-        call.runtime.algorithms.broadcast(tensor.reshape(-1), root_rank)
-    return tensor
+def broadcast_async_(tensor, root_rank, name=None):
+    """broadcast_async into `tensor` (writeable and C-contiguous) on every rank."""
+    return _submit("broadcast", name, lambda: _broadcast(tensor, root_rank, in_place=True))
 
 
-def alltoall(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None):
     """Send block j of the first dimension to rank j; receive and concatenate one block per rank.
 
     Without `splits` the first dimension is divided equally. With `splits` (rows per
-    destination rank) it returns the result and the rows received from each rank, as Horovod.
+    destination rank) the result is (array, rows received from each rank), as Horovod.
     """
-    array = arrays.as_array(tensor)
-    with runtime.active().collective("alltoall", name) as call:
-        rt = call.runtime
-        size = rt.topology.size
-        call.agree(lambda: _alltoall_signature(array, splits, size))
-        send_rows = np.array(_checked_splits(array, splits, size), dtype=np.int64)
-        received_rows = np.empty(size, dtype=np.int64)
-        unit = list(range(size + 1))
-        rt.algorithms.alltoallv(send_rows, unit, received_rows, unit)
-        row_size = _row_size(array)
-        send = arrays.fresh_copy(array).reshape(-1)
-        result = np.empty((int(received_rows.sum()),) + array.shape[1:], dtype=array.dtype)
-        rt.algorithms.alltoallv(
-            send, offsets_of(send_rows * row_size),
-            result.reshape(-1), offsets_of(received_rows * row_size),
-        )
-    return result if splits is None else (result, received_rows)
+    return _submit("alltoall", name, lambda: _alltoall(tensor, splits))
+
+
+def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+              compression=Compression.none):
+    return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression))
+
+
+def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+               compression=Compression.none):
+    return synchronize(allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression))
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      compression=Compression.none):
+    return synchronize(grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                               compression))
+
+
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+
+
+def allgather(tensor, name=None):
+    return synchronize(allgather_async(tensor, name))
+
+
+def broadcast(tensor, root_rank, name=None):
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def broadcast_(tensor, root_rank, name=None):
+    return synchronize(broadcast_async_(tensor, root_rank, name))
+
+
+def alltoall(tensor, splits=None, name=None):
+    return synchronize(alltoall_async(tensor, splits, name))
 
 
 def barrier():
     """Return only when every rank has called barrier."""
-    with runtime.active().collective("barrier", None) as call:
-        call.agree(lambda: None)
+    synchronize(_submit("barrier", None, lambda: ({}, {})))
 
 
-def _allreduce_in_place(rt, array, op, prescale_factor, postscale_factor):
-    flat = array.reshape(-1)
-    ops.scale(flat, prescale_factor)
-    rt.algorithms.allreduce(flat, op)
-    ops.finish(flat, op, rt.topology.size, postscale_factor)
+def join():
+    """Say this rank has no more data. Until every rank has joined, it takes part in the others'
+    allreduces with the op's identity (zero for Sum and Average), so they do not hang. Returns
+    the rank that joined last. Average still divides by the number of ranks."""
+    handle = Handle("join")
+    runtime.active().engine.join(handle)
+    return handle.wait()
 
 
-def _reduction_signature(array, op, prescale_factor, postscale_factor):
+def poll(handle):
+    """True once the request behind `handle` is done (synchronize will not wait)."""
+    return handle.done()
+
+
+def synchronize(handle):
+    """Wait for the request behind `handle`; return its result or raise its error."""
+    return handle.wait()
+
+
+class GroupHandle:
+    """The handle of a grouped call: done when every member is; its result is the list."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def done(self):
+        return all(h.done() for h in self.handles)
+
+    def wait(self):
+        return [h.wait() for h in self.handles]
+
+
+def _submit(kind, name, build):
+    """Check the arguments (build returns the Message fields and the Request's arrays) and enqueue."""
+    rt = runtime.active()
+    name = name or rt.auto_name()
+    handle = Handle(name)
+    try:
+        fields, data = build()
+        request = Request(Message(name=name, kind=kind, **fields), handle, **data)
+    except (TypeError, ValueError) as error:
+        request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
+    rt.engine.submit(request)
+    return handle
+
+
+def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_place, output_known=True):
+    """Checked reduction arguments; `output_known`: the result has the input's shape (allreduce)."""
+    array = arrays.writable_in_place(tensor, "allreduce_") if in_place else arrays.as_array(tensor)
     arrays.check_dtype(array)
     op = ops.as_op(op)
-    ops.check_op(op, array.dtype, prescale_factor, postscale_factor)
-    return Signature.of(array, op=op)
+    prescale, postscale = float(prescale_factor), float(postscale_factor)
+    ops.check_op(op, array.dtype, prescale, postscale)
+    fields = dict(dtype=array.dtype.name, shape=array.shape, op=int(op), prescale=prescale,
+                  postscale=postscale, compression=compressions.check(compression))
+    if in_place:
+        output = array
+    else:
+        output = np.empty(array.shape, dtype=array.dtype) if output_known else None
+    return fields, dict(input=array, output=output)
 
 
-def _gather_signature(array):
+def _gathered(array):
     arrays.check_dtype(array)
-    return Signature.of(array)
+    return dict(dtype=array.dtype.name, shape=array.shape), dict(input=array)
 
 
-def _alltoall_signature(array, splits, size):
-    _checked_splits(array, splits, size)
-    return _gather_signature(array)
-
-
-def _broadcast_signature(array, root_rank, rt):
+def _broadcast(tensor, root_rank, in_place):
+    array = arrays.writable_in_place(tensor, "broadcast_") if in_place else arrays.as_array(tensor)
     arrays.check_dtype(array)
-    size = rt.topology.size
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
-        raise ValueError(f"root_rank {root_rank!r} is not a rank of this job (0 to {size - 1})")
-    return Signature.of(array, root=root_rank)
+    topology = runtime.active().topology
+    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < topology.size:
+        raise ValueError(f"root_rank {root_rank!r} is not a rank of this job (0 to {topology.size - 1})")
+    if in_place:
+        output = array
+    elif topology.rank == root_rank:
+        output = arrays.fresh_copy(array)
+    else:
+        output = np.empty(array.shape, dtype=array.dtype)
+    return dict(dtype=array.dtype.name, shape=array.shape, root=int(root_rank)), dict(output=output)
+
+
+def _alltoall(tensor, splits):
+    array = _with_rows(arrays.as_array(tensor), "alltoall")
+    arrays.check_dtype(array)
+    counts = _split_counts(array, splits, runtime.active().topology.size)
+    return (dict(dtype=array.dtype.name, shape=array.shape),
+            dict(input=array, splits=counts, return_splits=splits is not None))
 
 
 def _with_rows(array, what):
@@ -159,15 +208,14 @@ def _with_rows(array, what):
     return array
 
 
-def _checked_splits(array, splits, size):
+def _split_counts(array, splits, size):
     """The rows `alltoall` sends to each rank, from `splits` or an equal division."""
-    rows = _with_rows(array, "alltoall").shape[0]
+    rows = array.shape[0]
     if splits is None:
         if rows % size:
             raise ValueError(
                 f"alltoall without splits needs a first dimension ({rows}) divisible by the "
-                f"number of ranks ({size}); pass splits to divide it unevenly"
-            )
+                f"number of ranks ({size}); pass splits to divide it unevenly")
         return [rows // size] * size
     counts = np.asarray(splits).reshape(-1)
     if not np.issubdtype(counts.dtype, np.integer) or len(counts) != size:
@@ -175,10 +223,5 @@ def _checked_splits(array, splits, size):
     if (counts < 0).any() or counts.sum() != rows:
         raise ValueError(
             f"alltoall splits {counts.tolist()} must be non-negative and add up to the first "
-            f"dimension ({rows})"
-        )
+            f"dimension ({rows})")
     return counts.tolist()
-
-
-def _row_size(array):
-    return math.prod(array.shape[1:])

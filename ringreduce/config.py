@@ -1,6 +1,7 @@
 """Every tuning knob in one place, read from RINGREDUCE_* environment variables.
 
-rrun's flags set the same variables, so a job can be tuned either way.
+rrun's flags set the same variables, so a job can be tuned either way. Names and defaults
+follow Horovod's where Horovod has the same knob.
 """
 
 import dataclasses
@@ -16,26 +17,48 @@ class Config:
     # Large transfers are split into pieces of this many bytes so that the reduction of one
     # piece overlaps the transfer of the next.
     pipeline_chunk_bytes: int = 4 << 20
+    # The longest a request that is ready on every rank waits for the engine's next cycle.
+    cycle_time_ms: float = 1.0
+    # How many negotiated requests the engine remembers, so repeats need one bit, not a message.
+    cache_capacity: int = 1024
+    # Ready allreduces are packed into buffers of up to this many bytes (0: no fusion).
+    fusion_threshold_bytes: int = 128 << 20
+    timeline: str | None = None
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float | None = None
+    straggler_report: bool = False
 
     @classmethod
     def from_env(cls, environ=os.environ):
         algorithm = environ.get("RINGREDUCE_ALGORITHM", cls.algorithm).strip().lower()
         if algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"RINGREDUCE_ALGORITHM={algorithm!r} is not one of {', '.join(ALGORITHMS)}"
-            )
-        chunk = _positive_int(environ, "RINGREDUCE_PIPELINE_CHUNK_BYTES", cls.pipeline_chunk_bytes)
-        return cls(algorithm=algorithm, pipeline_chunk_bytes=chunk)
+            raise ValueError(f"RINGREDUCE_ALGORITHM={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        return cls(
+            algorithm=algorithm,
+            pipeline_chunk_bytes=_number(environ, "RINGREDUCE_PIPELINE_CHUNK_BYTES", cls.pipeline_chunk_bytes,
+                                         int, minimum=1),
+            cycle_time_ms=_number(environ, "RINGREDUCE_CYCLE_TIME", cls.cycle_time_ms, float, minimum=0),
+            cache_capacity=_number(environ, "RINGREDUCE_CACHE_CAPACITY", cls.cache_capacity, int, minimum=0),
+            fusion_threshold_bytes=_number(environ, "RINGREDUCE_FUSION_THRESHOLD", cls.fusion_threshold_bytes,
+                                           int, minimum=0),
+            timeline=environ.get("RINGREDUCE_TIMELINE") or None,
+            stall_check_seconds=_number(environ, "RINGREDUCE_STALL_CHECK_TIME", cls.stall_check_seconds,
+                                        float, minimum=0),
+            stall_shutdown_seconds=_number(environ, "RINGREDUCE_STALL_SHUTDOWN_TIME", None, float, minimum=0),
+            straggler_report=environ.get("RINGREDUCE_STRAGGLER_REPORT", "0").strip().lower()
+            in ("1", "true", "yes", "on"),
+        )
 
 
-def _positive_int(environ, name, default):
+def _number(environ, name, default, kind, minimum):
     text = environ.get(name)
-    if text is None:
+    if text is None or not text.strip():
         return default
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"{name}={text!r} must be a positive whole number")
+        value = None
+    if value is None or value < minimum or value != value:  # value != value: NaN
+        what = "whole number" if kind is int else "number"
+        raise ValueError(f"{name}={text!r} must be a {what} of at least {minimum}")
     return value

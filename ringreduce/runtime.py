@@ -1,24 +1,23 @@
-"""This process's ringreduce state: init and shutdown, and what every collective shares
-(the communicators, the algorithms, the count of collectives done, the cross-rank check).
+"""This process's ringreduce state: init and shutdown, the engine, and the hooks that make a
+failing rank end the whole job instead of leaving the others waiting.
 """
 
 import atexit
-import contextlib
 import os
-import pickle
 import signal
 import sys
+import threading
 
-import numpy as np
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import agreement, algorithms, launched, topology
-from ringreduce.algorithms.ring import offsets_of
+from ringreduce import algorithms, launched, topology
 from ringreduce.arrays import Workspace
 from ringreduce.config import Config
-from ringreduce.errors import NotInitializedError, PeerExitedError, RingReduceError
-from ringreduce.liveness import ExitNotices
+from ringreduce.engine import Engine
+from ringreduce.errors import NotInitializedError, RingReduceError
+from ringreduce.requests import Handle
+from ringreduce.timeline import NoTimeline, Timeline
 from ringreduce.transports import MPITransport
 
 _active = None
@@ -29,89 +28,28 @@ class Runtime:
     def __init__(self, comm, config):
         self.config = config
         self.topology = topology.discover(comm)
-        self._data_comm = comm.Dup()
-        self._notice_comm = comm.Dup()
-        self.notices = ExitNotices(self._notice_comm)
-        self.transport = MPITransport(self._data_comm, self._check_partners)
-        self.algorithms = algorithms.select(config, self.transport, Workspace())
-        self.completed = 0
+        engine_comm = comm.Dup()
+        transport = MPITransport(engine_comm)
+        timeline = Timeline(config.timeline, self.topology.rank) if config.timeline and \
+            self.topology.rank == 0 else NoTimeline()
+        self.engine = Engine(engine_comm, algorithms.select(config, transport, Workspace()), config, timeline)
         self.failing = False
-        self._current = None
-        self._rows = np.empty((self.topology.size, agreement.RECORD_LENGTH), dtype=np.int64)
+        self._names = 0
+        self._names_lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def collective(self, kind, name):
-        """Count one collective; while it runs, waits know what to blame if a partner leaves."""
-        call = Call(self, kind, name)
-        self._current = call
-        try:
-            yield call
-        finally:
-            self.completed += 1
-            self._current = None
-
-    def _check_partners(self):
-        gone = sorted(r for r, done in self.notices.poll().items() if done <= self.completed)
-        if gone:
-            who = ", ".join(f"rank {r} (which had completed {self.notices.exited[r]} collectives)" for r in gone)
-            raise PeerExitedError(
-                f"{who} left the job while rank {self.topology.rank} waited for it in "
-                f"{self._current}; every rank must make the same collective calls"
-            )
-
-    def gather_rows(self, row):
-        """Every rank's row, by one small allgather (MPI's own: nothing is cheaper for 320 bytes)."""
-        self.transport.wait([self._data_comm.Iallgather(row, self._rows)])
-        return self._rows.copy()
-
-    def allgather_bytes(self, payload):
-        """Every rank's byte string; the rare path that explains a disagreement uses it."""
-        lengths = np.empty(self.topology.size, dtype=np.int64)
-        self.transport.wait([self._data_comm.Iallgather(np.array([len(payload)], dtype=np.int64), lengths)])
-        offsets = offsets_of(lengths)
-        buf = np.empty(offsets[-1], dtype=np.uint8)
-        mine = self.topology.rank
-        buf[offsets[mine]:offsets[mine + 1]] = np.frombuffer(payload, dtype=np.uint8)
-        self.algorithms.allgather(buf, offsets)
-        return [buf[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.topology.size)]
+    def auto_name(self):
+        """Names for unnamed calls: the same on every rank that makes its calls in the same order."""
+        with self._names_lock:
+            self._names += 1
+            return f"noname.{self._names}"
 
     def close(self):
-        self.notices.announce_and_collect(self.completed)
-        self._data_comm.Free()
-        self._notice_comm.Free()
-
-
-class Call:
-    """One collective call on this rank, from the cross-rank check to its result."""
-
-    def __init__(self, runtime, kind, name):
-        self.runtime = runtime
-        self.kind = kind
-        self.name = name
-        self.number = runtime.completed + 1
-
-    def agree(self, check):
-        """Run this rank's `check` of its arguments, then make sure every rank's call fits.
-
-        `check` returns the Signature of the arguments or raises TypeError/ValueError; either
-        way the ranks compare notes, and all of them raise together if anything is off.
-        Returns the rows of every rank's call (the first dimensions of a ragged allgather).
-        """
-        try:
-            signature, problem = check(), None
-        except (TypeError, ValueError) as error:
-            signature, problem = None, error
-        rows = self.runtime.gather_rows(agreement.record(self.kind, self.name, signature, problem))
-        if agreement.disagrees(rows):
-            problem_text = (type(problem).__name__, str(problem)) if problem else None
-            mine = agreement.Description(self.kind, self.name, signature, problem_text)
-            gathered = self.runtime.allgather_bytes(pickle.dumps(mine))
-            raise agreement.explain([pickle.loads(b) for b in gathered])
-        return rows
-
-    def __str__(self):
-        name = f" {self.name!r}" if self.name else ""
-        return f"{self.kind}{name} (collective #{self.number})"
+        handle = Handle("shutdown")
+        self.engine.shutdown(handle)
+        handle.wait()
+        if self.config.straggler_report and self.topology.rank == 0:
+            print(straggler_table(self.engine.straggler_report, self.engine.negotiator.stragglers.cycles),
+                  file=sys.stderr, flush=True)
 
 
 def init(comm=None):
@@ -126,7 +64,8 @@ def init(comm=None):
 
 
 def shutdown():
-    """Leave the job cleanly: waits until every other rank has shut down too."""
+    """Leave the job cleanly: waits until every other rank has shut down too. Requests still
+    pending on this rank fail; on the other ranks, requests that needed this one fail too."""
     global _active
     if _active is None:
         return
@@ -142,6 +81,30 @@ def active():
     if _active is None:
         raise NotInitializedError("ringreduce has not been initialized; call ringreduce.init() first")
     return _active
+
+
+def engine_stats():
+    """Counters of the engine's work so far: cycles, collectives, tensors and bytes, cache hits."""
+    engine = active().engine
+    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits}
+
+
+def straggler_report():
+    """Per rank that was ever the last one ready: in what share of the cycles that ran something
+    it was last, and how long it kept the others waiting then, on average."""
+    engine = active().engine
+    return {"cycles": engine.negotiator.stragglers.cycles,
+            "ranks": [{"rank": r, "share_last": share, "mean_late_seconds": late}
+                      for r, share, late in engine.straggler_report]}
+
+
+def straggler_table(rows, cycles):
+    lines = [f"ringreduce straggler report ({cycles} cycles ran collectives):"]
+    for rank, share, late in rows:
+        lines.append(f"  rank {rank} was last in {share:.0%} of cycles, {late * 1000:.1f} ms late on average")
+    if not rows:
+        lines.append("  no rank kept the others waiting")
+    return "\n".join(lines)
 
 
 def _check_launch(comm):

@@ -16,7 +16,7 @@ def test_values_are_read():
 
 @pytest.mark.parametrize("env, message", [
     ({"RINGREDUCE_ALGORITHM": "tree"}, "RINGREDUCE_ALGORITHM='tree' is not one of ring, mpi"),
-    ({"RINGREDUCE_PIPELINE_CHUNK_BYTES": "0"}, "RINGREDUCE_PIPELINE_CHUNK_BYTES='0' must be a positive"),
+    ({"RINGREDUCE_PIPELINE_CHUNK_BYTES": "0"}, "RINGREDUCE_PIPELINE_CHUNK_BYTES='0' must be a whole number of at least 1"),
     ({"RINGREDUCE_PIPELINE_CHUNK_BYTES": "4k"}, "RINGREDUCE_PIPELINE_CHUNK_BYTES='4k' must be a positive"),
 ])
 def test_bad_values_are_named(env, message):

@@ -24,8 +24,15 @@ def run(case):
         rr.broadcast(np.zeros(3), root_rank=1 if odd else 0)
     elif case == "kind":
         (rr.broadcast(np.zeros(3), root_rank=0) if odd else rr.allreduce(np.zeros(3)))
-    elif case == "name":
-        rr.allreduce(np.zeros(3), name="b" if odd else "a")
+    elif case == "scaling":
+        rr.allreduce(np.zeros(3), prescale_factor=2.0 if odd else 1.0)
+    elif case == "compression":
+        rr.allreduce(np.zeros(3), compression=rr.Compression.fp16 if odd else rr.Compression.none)
+    elif case == "duplicate":
+        first = rr.allreduce_async(np.ones(3), name="twice")
+        second = rr.allreduce_async(np.ones(3), name="twice")
+        rr.synchronize(first)
+        rr.synchronize(second)
     elif case == "unsupported":
         rr.allreduce(np.zeros(3, dtype=np.complex64 if odd else np.float32))
     elif case == "allgather-trailing":

@@ -1,0 +1,49 @@
+"""Compression for the wire: floating arrays travel as float16 and come back in their own dtype.
+
+It applies to whole fusion buffers: the cast happens while a tensor is copied into the
+buffer and while it is copied out, so it costs no extra pass. float16 holds magnitudes up
+to 65504; larger values become inf. Scale them down first with prescale_factor (and back up
+with postscale_factor), for example by 1/size, which also keeps the sum of all ranks in range.
+"""
+
+import numpy as np
+
+
+class Compressor:
+    """Compression.none: every dtype travels as itself."""
+
+    name = "none"
+
+    def wire_dtype(self, dtype):
+        return np.dtype(dtype)
+
+
+class FP16Compressor(Compressor):
+    """Compression.fp16: float32 and float64 travel as float16; other dtypes as themselves."""
+
+    name = "fp16"
+
+    def wire_dtype(self, dtype):
+        dtype = np.dtype(dtype)
+        return np.dtype(np.float16) if dtype.kind == "f" else dtype
+
+
+class Compression:
+    """The compressors, under the names Horovod uses."""
+
+    none = Compressor()
+    fp16 = FP16Compressor()
+
+
+_BY_NAME = {c.name: c for c in (Compression.none, Compression.fp16)}
+
+
+def by_name(name):
+    return _BY_NAME[name]
+
+
+def check(compression):
+    """The compressor's name, or a clear error for anything else."""
+    if compression not in _BY_NAME.values():
+        raise ValueError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
+    return compression.name

@@ -1,0 +1,223 @@
+"""The background engine: after init, the only thread that talks to MPI.
+
+Callers enqueue requests and keep handles. Each cycle the engine tells the other ranks
+what it has pending (one small allgather; new names are announced in full once), runs the
+shared negotiation, and executes what is ready everywhere, fused, in the agreed order. An
+idle engine sleeps until a request arrives or the cycle time passes, whichever is first:
+the cycle time bounds how long a ready request waits, it does not delay a lone call.
+"""
+
+import collections
+import pickle
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ringreduce import fusion, launched, negotiation
+from ringreduce.algorithms.ring import offsets_of
+from ringreduce.errors import RingReduceError
+from ringreduce.execution import Executor
+from ringreduce.requests import ANNOUNCED, CACHED, NEW
+from ringreduce.transports import wait_all
+
+_JOIN, _SHUTDOWN = object(), object()
+
+
+class Engine:
+    def __init__(self, comm, algorithms, config, timeline):
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.config = config
+        self.timeline = timeline
+        self.negotiator = negotiation.Negotiator(
+            self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
+        self.executor = Executor(algorithms, self.rank, self.size, timeline)
+        self.stats = collections.Counter()
+        self._incoming = collections.deque()
+        self._wakeup = threading.Condition()
+        self._pending = {}  # name -> Request, in submission order
+        self._join_handle = None
+        self._shutdown_handle = None
+        self._failure = None  # set if the engine itself broke: every later request gets it
+        self._row_bytes = 1 + (config.cache_capacity + 7) // 8
+        self._rows = np.zeros((self.size, self._row_bytes), dtype=np.uint8)
+        self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
+        self._thread.start()
+
+    # ---- the caller's side ------------------------------------------------------------
+
+    def submit(self, request):
+        with self._wakeup:
+            if self._failure is not None:
+                request.handle.finish(error=self._failure)
+                return
+            self._incoming.append(request)
+            self._wakeup.notify()
+
+    def join(self, handle):
+        self.submit((_JOIN, handle))
+
+    def shutdown(self, handle):
+        self.submit((_SHUTDOWN, handle))
+        self._thread.join()
+
+    # ---- the engine thread --------------------------------------------------------------
+
+    def _run(self):
+        progressed = True
+        try:
+            while True:
+                with self._wakeup:
+                    if not self._incoming and not progressed:
+                        self._wakeup.wait(self.config.cycle_time_ms / 1000)
+                    arrived = list(self._incoming)
+                    self._incoming.clear()
+                outcome = self._cycle(arrived)
+                if outcome.all_shut_down:
+                    break
+                progressed = bool(arrived or outcome.responses)
+        except BaseException as error:  # the engine cannot go on: fail everything, now and later
+            self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
+            raise
+        finally:
+            self.timeline.close()
+        self._finish_shutdown()
+
+    def _cycle(self, arrived):
+        started = time.perf_counter()
+        for item in arrived:
+            self._accept(item)
+        announce, slots = self._prepare()
+        states = self._exchange_states(announce, slots)
+        negotiated = time.perf_counter()
+        for request in self._pending.values():
+            if request.negotiated is None:
+                request.negotiated = negotiated
+        announcements = self._exchange_announcements(announce) if any(
+            s.flags & negotiation.ANNOUNCES for s in states) else [()] * self.size
+        outcome = self.negotiator.negotiate(states, announcements, started)
+        self.stats["cycles"] += 1
+        self.stats["announced"] += sum(len(a) for a in announcements)
+        if outcome.responses:
+            self._execute(outcome.responses, started)
+        if outcome.join_done is not None and self._join_handle is not None:
+            self._join_handle.finish(outcome.join_done)
+            self._join_handle = None
+        if outcome.stall_warning:
+            sys.stderr.write(f"[rank {self.rank}] {outcome.stall_warning}\n")
+            sys.stderr.flush()
+            if outcome.stall_fatal:
+                self._abort_job(outcome.stall_warning)
+        return outcome
+
+    def _accept(self, item):
+        if isinstance(item, tuple):
+            kind, handle = item
+            if kind is _JOIN:
+                self._join_handle = handle
+            else:
+                self._shutdown_handle = handle
+                for name in list(self._pending):
+                    request = self._pending.pop(name)
+                    request.handle.finish(error=RingReduceError(
+                        f"shutdown() was called on rank {self.rank} while {request.message.kind} "
+                        f"{name!r} was still pending"))
+            return
+        request = item
+        if self._shutdown_handle is not None:
+            request.handle.finish(error=RingReduceError(f"ringreduce is shutting down on rank {self.rank}"))
+        elif request.name in self._pending:
+            request.handle.finish(error=ValueError(
+                f"{request.message.kind} {request.name!r} was submitted again on rank {self.rank} while the "
+                "first one is still in flight; give each in-flight request its own name"))
+        else:
+            self._pending[request.name] = request
+
+    def _prepare(self):
+        """Which pending requests go as cache bits and which must be announced in full."""
+        cache = self.negotiator.cache
+        announce, slots = [], []
+        for request in self._pending.values():
+            if request.state == CACHED and cache.name_of(request.slot) != request.name:
+                request.state = ANNOUNCED  # evicted: the others hold its message already
+            if request.state == NEW:
+                request.slot = cache.slot_for(request.message, self.rank)
+                if request.slot is None:
+                    announce.append(request.message)
+                    request.state = ANNOUNCED
+                else:
+                    request.state = CACHED
+            if request.state == CACHED:
+                slots.append(request.slot)
+        return announce, slots
+
+    def _exchange_states(self, announce, slots):
+        flags = ((negotiation.ANNOUNCES if announce else 0)
+                 | (negotiation.JOINED if self._join_handle is not None else 0)
+                 | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0))
+        bits = np.zeros(self.config.cache_capacity, dtype=bool)
+        bits[slots] = True
+        row = np.concatenate([[flags], np.packbits(bits)]).astype(np.uint8)
+        wait_all([self.comm.Iallgather(row, self._rows)])
+        capacity = self.config.cache_capacity
+        return [negotiation.RankState(int(r[0]), tuple(np.flatnonzero(np.unpackbits(r[1:])[:capacity])))
+                for r in self._rows]
+
+    def _exchange_announcements(self, announce):
+        """Every rank's newly announced messages (only in cycles where some rank has any)."""
+        payload = np.frombuffer(pickle.dumps(announce), dtype=np.uint8)
+        lengths = np.empty(self.size, dtype=np.int64)
+        wait_all([self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), lengths)])
+        offsets = offsets_of(lengths)
+        gathered = np.empty(offsets[-1], dtype=np.uint8)
+        spec = [gathered, np.diff(offsets).tolist(), offsets[:-1], MPI.BYTE]
+        wait_all([self.comm.Iallgatherv([payload, MPI.BYTE], spec)])
+        return [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes()) for r in range(self.size)]
+
+    def _execute(self, responses, cycle_started):
+        groups = fusion.plan(responses, self.config.fusion_threshold_bytes)
+        for group in groups:
+            requests = [self._pending.pop(r.name, None) for r in group]
+            for response, request in zip(group, requests, strict=True):
+                if request is not None:
+                    self.timeline.phase(response.name, "NEGOTIATE", request.submitted, request.negotiated)
+                    self.timeline.phase(response.name, "WAIT_FOR_OTHER_RANKS", request.negotiated, cycle_started)
+            error = group[0].error
+            if error is None:
+                results = self.executor.run(group, requests)
+                self.stats["collectives"] += group[0].message.kind != "barrier"
+                self.stats["bytes"] += sum(fusion.wire_bytes(r.message) for r in group)
+            for index, request in enumerate(requests):
+                if request is not None:
+                    request.handle.finish(None if error else results[index], error)
+        self.stats["tensors"] += len(responses)
+        self.stats["cycles_with_work"] += 1
+        self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
+
+    def _abort_job(self, message):
+        """A stall past RINGREDUCE_STALL_SHUTDOWN_TIME: end the whole job, saying why."""
+        if launched.under_rrun():
+            sys.stderr.buffer.write(launched.status_line(self.rank, 1, message.splitlines()[-1].strip()))
+            sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    def _break(self, failure):
+        with self._wakeup:
+            self._failure = failure
+            waiting = list(self._pending.values()) + [r for r in self._incoming if not isinstance(r, tuple)]
+            handles = [r.handle for r in waiting] + [h for h in (self._join_handle, self._shutdown_handle) if h]
+            self._pending.clear()
+            self._incoming.clear()
+        for handle in handles:
+            handle.finish(error=failure)
+
+    def _finish_shutdown(self):
+        self.comm.Free()
+        self._shutdown_handle.finish()
+
+    @property
+    def straggler_report(self):
+        return self.negotiator.stragglers.report()

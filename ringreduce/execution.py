@@ -1,0 +1,154 @@
+"""Running what the ranks agreed on: one collective per fusion group, on the engine thread.
+
+Each function gets the group's responses and this rank's requests for them (None where this
+rank has joined and takes part with the op's identity), runs the algorithm, and returns one
+result per request.
+"""
+
+import math
+import time
+
+import numpy as np
+
+from ringreduce import compression, ops
+from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.ops import ReduceOp
+
+
+class Executor:
+    def __init__(self, algorithms, rank, size, timeline):
+        self.algorithms = algorithms
+        self.rank, self.size = rank, size
+        self.timeline = timeline
+        self.fusion_buffer = np.empty(0, dtype=np.uint8)  # grown once, reused for every fused group
+
+    def run(self, responses, requests):
+        """Results for the requests (None for a joined rank's stand-in), or raise."""
+        kind = responses[0].message.kind
+        if kind == "allreduce":
+            return self._allreduce(responses, requests)
+        (response,), (request,) = responses, requests
+        started = time.perf_counter()
+        result = getattr(self, "_" + kind)(response, request)
+        self.timeline.phase(response.name, kind.upper(), started, time.perf_counter())
+        return [result]
+
+    def _allreduce(self, responses, requests):
+        message = responses[0].message
+        op = ReduceOp(message.op)
+        wire = compression.by_name(message.compression).wire_dtype(message.dtype)
+        outputs = [r.output if r is not None else _identity(m.message, op, m.message.shape)
+                   for m, r in zip(responses, requests, strict=True)]
+        if len(responses) == 1 and wire == np.dtype(message.dtype):
+            return self._allreduce_alone(responses[0], requests[0], outputs[0], op)
+        counts = [r.message.count for r in responses]
+        offsets = offsets_of(counts)
+        buffer = self._fusion_view(offsets[-1], wire)
+        started = time.perf_counter()
+        for index, request in enumerate(requests):
+            piece = buffer[offsets[index]:offsets[index + 1]]
+            if request is None:
+                piece.fill(_identity_value(op, wire))
+            else:
+                _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
+        copied_in = time.perf_counter()
+        self.algorithms.allreduce(buffer, op)
+        reduced = time.perf_counter()
+        for index, output in enumerate(outputs):
+            flat = output.reshape(-1)
+            np.copyto(flat, buffer[offsets[index]:offsets[index + 1]], casting="unsafe")
+            ops.finish(flat, op, self.size, message.postscale)
+        done = time.perf_counter()
+        for response in responses:
+            self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
+            self.timeline.phase(response.name, "ALLREDUCE", copied_in, reduced)
+            self.timeline.phase(response.name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+        return outputs
+
+    def _allreduce_alone(self, response, request, output, op):
+        """One tensor, no compression: reduce straight in its output, no fusion buffer."""
+        message = response.message
+        started = time.perf_counter()
+        if request is not None and request.input is not output:
+            _copy_scaled(request.input, output, message.prescale)
+        elif request is not None:
+            ops.scale(output.reshape(-1), message.prescale)
+        flat = output.reshape(-1)
+        self.algorithms.allreduce(flat, op)
+        ops.finish(flat, op, self.size, message.postscale)
+        self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
+        return [output]
+
+    def _fusion_view(self, count, dtype):
+        nbytes = count * dtype.itemsize
+        if self.fusion_buffer.nbytes < nbytes:
+            self.fusion_buffer = np.empty(nbytes, dtype=np.uint8)
+        return self.fusion_buffer[:nbytes].view(dtype)
+
+    def _allgather(self, response, request):
+        message = response.message
+        rows = [m.shape[0] for m in response.messages]
+        row_offsets = offsets_of(rows)
+        result = np.empty((row_offsets[-1],) + message.shape[1:], dtype=message.dtype)
+        result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = request.input
+        row_size = math.prod(message.shape[1:])
+        self.algorithms.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
+        return result
+
+    def _broadcast(self, response, request):
+        self.algorithms.broadcast(request.output.reshape(-1), response.message.root)
+        return request.output
+
+    def _alltoall(self, response, request):
+        send_rows = np.array(request.splits, dtype=np.int64)
+        received_rows = np.empty(self.size, dtype=np.int64)
+        unit = list(range(self.size + 1))
+        self.algorithms.alltoallv(send_rows, unit, received_rows, unit)
+        array = request.input
+        row_size = math.prod(array.shape[1:])
+        send = np.ascontiguousarray(array).reshape(-1)
+        result = np.empty((int(received_rows.sum()),) + array.shape[1:], dtype=array.dtype)
+        self.algorithms.alltoallv(send, offsets_of(send_rows * row_size),
+                                  result.reshape(-1), offsets_of(received_rows * row_size))
+        return (result, received_rows) if request.return_splits else result
+
+    def _reducescatter(self, response, request):
+        message = response.message
+        op = ReduceOp(message.op)
+        rows = even_counts(message.shape[0], self.size)
+        row_size = math.prod(message.shape[1:])
+        work = np.empty(message.shape, dtype=message.dtype)
+        _copy_scaled(request.input, work, message.prescale)
+        mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op)
+        ops.finish(mine, op, self.size, message.postscale)
+        return mine.reshape((rows[self.rank],) + message.shape[1:])
+
+    def _barrier(self, response, request):
+        return None
+
+
+def _copy_scaled(source, target, factor):
+    """target = source * factor in target's dtype (the cast of compression happens here too)."""
+    if factor == 1.0:
+        np.copyto(target, source, casting="unsafe")
+    else:
+        np.multiply(source, factor, out=target, casting="unsafe")
+
+
+def _identity_value(op, dtype):
+    """What a joined rank contributes: the value that leaves the others' result unchanged."""
+    dtype = np.dtype(dtype)
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return 0
+    if op == ReduceOp.PRODUCT:
+        return 1
+    if dtype == np.bool_:
+        return op == ReduceOp.MIN
+    if dtype.kind == "f":
+        return np.inf if op == ReduceOp.MIN else -np.inf
+    info = np.iinfo(dtype)
+    return info.max if op == ReduceOp.MIN else info.min
+
+
+def _identity(message, op, shape):
+    return np.full(shape, _identity_value(op, message.dtype), dtype=message.dtype)

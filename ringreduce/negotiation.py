@@ -1,0 +1,245 @@
+"""How the ranks agree, every cycle, which requests are ready on all of them, in one order.
+
+Each cycle every rank contributes a short row: flags, and one bit per cached request it has
+pending. Requests not in the cache are announced once, in full, to every rank. Every rank
+then runs this same pure logic on the same data, so all of them reach the same decisions
+without a round trip to a coordinator: they all act as the coordinator. A request's
+name is ready when every rank has submitted it (a rank that has joined stands in for an
+allreduce with the op's identity); the ranks' submissions must agree, or every rank gets the
+same error. The cache makes a training loop's steady state one small allgather per cycle.
+"""
+
+import collections
+import dataclasses
+
+from ringreduce import agreement
+from ringreduce.agreement import ranks_text
+from ringreduce.errors import PeerExitedError, RingReduceError
+
+ANNOUNCES, JOINED, SHUTTING_DOWN = 1, 2, 4
+
+
+@dataclasses.dataclass(frozen=True)
+class RankState:
+    """What one rank's row says this cycle."""
+
+    flags: int
+    slots: tuple  # the cache slots of the requests it has pending
+
+    @property
+    def joined(self):
+        return bool(self.flags & JOINED)
+
+    @property
+    def shutting_down(self):
+        return bool(self.flags & SHUTTING_DOWN)
+
+
+class Cache:
+    """Names negotiated before, each in a slot, with every rank's message; least recently used
+    goes first when full. Every rank holds an identical copy."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._slots = collections.OrderedDict()  # name -> slot, least recently used first
+        self._entries = {}  # slot -> (name, messages by rank)
+        self._free = list(range(capacity))
+
+    def __contains__(self, name):
+        return name in self._slots
+
+    def slot_for(self, message, rank):
+        """The slot that stands for this rank's message, if it is cached exactly as it is."""
+        slot = self._slots.get(message.name)
+        if slot is not None and self._entries[slot][1][rank] == message:
+            return slot
+        return None
+
+    def entry(self, slot):
+        return self._entries[slot]
+
+    def name_of(self, slot):
+        entry = self._entries.get(slot)
+        return entry[0] if entry else None
+
+    def insert(self, name, messages):
+        if self.capacity == 0:
+            return
+        if not self._free:
+            self.evict(next(iter(self._slots)))
+        slot = min(self._free)
+        self._free.remove(slot)
+        self._slots[name] = slot
+        self._entries[slot] = (name, messages)
+
+    def touch(self, name):
+        self._slots.move_to_end(name)
+
+    def evict(self, name):
+        slot = self._slots.pop(name)
+        del self._entries[slot]
+        self._free.append(slot)
+
+
+@dataclasses.dataclass
+class Entry:
+    """A name some ranks have submitted and others not yet."""
+
+    messages: dict = dataclasses.field(default_factory=dict)  # rank -> Message
+    arrival: dict = dataclasses.field(default_factory=dict)  # rank -> time its request was first seen
+    warned: bool = False
+
+    @property
+    def kind(self):
+        return next(iter(self.messages.values())).kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    """A name every rank has submitted: run it with these messages (None: a joined rank), or fail."""
+
+    name: str
+    messages: tuple
+    error: Exception | None = None
+
+    @property
+    def message(self):
+        return next(m for m in self.messages if m is not None)
+
+
+@dataclasses.dataclass
+class Outcome:
+    responses: list
+    join_done: int | None = None  # when every rank has joined: the rank that joined last
+    all_shut_down: bool = False
+    stall_warning: str | None = None
+    stall_fatal: bool = False
+
+
+class Stragglers:
+    """Per rank: in how many cycles it was the last to be ready, and how long it kept the others."""
+
+    def __init__(self, size):
+        self.cycles = 0
+        self.last = [0] * size
+        self.waited = [0.0] * size
+
+    def record(self, entries):
+        """`entries`: the arrival times of the names that became ready together in one cycle."""
+        if not entries:
+            return
+        self.cycles += 1
+        lateness, rank = max(
+            (max(e.values()) - min(e.values()), max(e, key=e.get)) for e in entries
+        )
+        if lateness > 0:
+            self.last[rank] += 1
+            self.waited[rank] += lateness
+
+    def report(self):
+        """[(rank, share of cycles it was last in, mean seconds late when it was)], worst first."""
+        rows = [(r, self.last[r] / self.cycles, self.waited[r] / self.last[r])
+                for r in range(len(self.last)) if self.last[r]]
+        return sorted(rows, key=lambda row: -row[1])
+
+
+class Negotiator:
+    def __init__(self, size, cache_capacity, stall_check_seconds=60.0, stall_shutdown_seconds=None):
+        self.size = size
+        self.table = {}  # name -> Entry, in the order the names were first seen
+        self.cache = Cache(cache_capacity)
+        self.stall_check_seconds = stall_check_seconds
+        self.stall_shutdown_seconds = stall_shutdown_seconds
+        self.stragglers = Stragglers(size)
+        self.cycles = 0
+        self.cache_hits = 0  # names that became ready from cache bits alone
+        self._joined_at = {}  # rank -> cycle in which it joined
+
+    def negotiate(self, states, announcements, now):
+        """One cycle: every rank's RankState and newly announced Messages in, decisions out."""
+        self.cycles += 1
+        for rank, state in enumerate(states):
+            for slot in state.slots:
+                name, messages = self.cache.entry(slot)
+                self._arrive(name, rank, messages[rank], now)
+        for rank, messages in enumerate(announcements):
+            for message in messages:
+                if message.name in self.cache:  # its arguments changed: forget the old ones
+                    self.cache.evict(message.name)
+                self._arrive(message.name, rank, message, now)
+        joined = {rank for rank, state in enumerate(states) if state.joined}
+        leaving = sorted(rank for rank, state in enumerate(states) if state.shutting_down)
+        for rank in joined:
+            self._joined_at.setdefault(rank, self.cycles)
+
+        responses, ready_arrivals = [], []
+        for name, entry in list(self.table.items()):
+            response = self._decide(name, entry, joined, leaving)
+            if response is None:
+                continue
+            del self.table[name]
+            responses.append(response)
+            if response.error is None and len(entry.arrival) > 1:
+                ready_arrivals.append(entry.arrival)
+        self.stragglers.record(ready_arrivals)
+
+        outcome = Outcome(responses, all_shut_down=len(leaving) == self.size)
+        if len(joined) == self.size:
+            outcome.join_done = max(self._joined_at, key=lambda r: (self._joined_at[r], r))
+            self._joined_at.clear()
+        self._inspect_stalls(outcome, now)
+        return outcome
+
+    def _arrive(self, name, rank, message, now):
+        entry = self.table.setdefault(name, Entry())
+        entry.messages[rank] = message
+        entry.arrival.setdefault(rank, now)
+
+    def _decide(self, name, entry, joined, leaving):
+        missing = [r for r in range(self.size) if r not in entry.messages]
+        title = f"{entry.kind} {name!r}"
+        if leaving:
+            waiting = ranks_text(sorted(entry.messages))
+            return self._fail(name, entry, PeerExitedError(
+                f"{ranks_text(leaving)} shut down while {waiting} waited in {title}; "
+                "every rank must make the same collective calls"))
+        if any(r not in joined for r in missing):
+            return None
+        if missing and entry.kind != "allreduce":
+            return self._fail(name, entry, RingReduceError(
+                f"{title} cannot run: {ranks_text(missing)} called join(); only allreduce goes on "
+                "while ranks are joining"))
+        messages = tuple(entry.messages.get(r) for r in range(self.size))
+        error = agreement.disagreement([m for m in messages if m is not None],
+                                       [r for r in range(self.size) if messages[r] is not None])
+        if error is None and not missing:
+            if name in self.cache:
+                self.cache.touch(name)
+                self.cache_hits += 1
+            else:
+                self.cache.insert(name, messages)
+        return Response(name, messages, error)
+
+    def _fail(self, name, entry, error):
+        return Response(name, tuple(entry.messages.get(r) for r in range(self.size)), error)
+
+    def _inspect_stalls(self, outcome, now):
+        stalled = [(name, entry) for name, entry in self.table.items()
+                   if now - min(entry.arrival.values()) >= self.stall_check_seconds]
+        if not stalled:
+            return
+        fatal = self.stall_shutdown_seconds is not None and any(
+            now - min(e.arrival.values()) >= self.stall_shutdown_seconds for _, e in stalled)
+        fresh = [(name, entry) for name, entry in stalled if not entry.warned]
+        if not fresh and not fatal:
+            return
+        lines = []
+        for name, entry in (stalled if fatal else fresh):
+            entry.warned = True
+            missing = [r for r in range(self.size) if r not in entry.messages]
+            waited = now - min(entry.arrival.values())
+            lines.append(f"{entry.kind} {name!r}: submitted by {ranks_text(sorted(entry.messages))} "
+                         f"{waited:.0f} s ago, still missing from {ranks_text(missing)}")
+        outcome.stall_warning = "ringreduce stall: some ranks wait for requests that others have " \
+                                "not submitted:\n  " + "\n  ".join(lines)
+        outcome.stall_fatal = fatal

@@ -1,0 +1,53 @@
+"""A request the caller hands to the engine, and the handle the caller keeps."""
+
+import dataclasses
+import threading
+import time
+
+NEW, CACHED, ANNOUNCED = "new", "cached", "announced"
+
+
+class Handle:
+    """The result of an async collective, once the engine has it: poll it or wait for it."""
+
+    def __init__(self, name):
+        self.name = name
+        self._done = threading.Event()
+        self._result = None
+        self._error = None
+
+    def done(self):
+        return self._done.is_set()
+
+    def wait(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def finish(self, result=None, error=None):
+        self._result, self._error = result, error
+        self._done.set()
+
+    def __repr__(self):
+        return f"<ringreduce handle {self.name!r} {'done' if self.done() else 'pending'}>"
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """What the engine needs to run one collective for this rank."""
+
+    message: object  # agreement.Message
+    handle: Handle
+    input: object = None  # the array this rank contributes
+    output: object = None  # where the result goes (None: allocated when the size is known)
+    splits: list | None = None  # alltoall: rows sent to each rank
+    return_splits: bool = False
+    state: str = NEW
+    slot: int | None = None
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    negotiated: float | None = None  # when this rank's part of the negotiation was done
+
+    @property
+    def name(self):
+        return self.message.name

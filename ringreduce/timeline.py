@@ -1,0 +1,57 @@
+"""A Chrome trace of the engine's work (open it in Perfetto or chrome://tracing): one row per
+tensor with its phases, and a mark for each cycle that did work.
+
+Events are written as they end, one per line in a JSON array whose closing bracket comes at
+shutdown; the trace viewers accept the array without it, so a killed job's file still opens.
+"""
+
+import json
+import time
+
+
+class Timeline:
+    def __init__(self, path, rank):
+        self._file = open(path, "w")  # noqa: SIM115 - held open for the job's life
+        self._rank = rank
+        self._start = time.perf_counter()
+        self._rows = {}
+        self._first = True
+        self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+
+    def phase(self, tensor, phase, start, end):
+        row = self._rows.get(tensor)
+        if row is None:
+            row = self._rows[tensor] = len(self._rows) + 1
+            self._write({"name": "thread_name", "ph": "M", "pid": self._rank, "tid": row,
+                         "args": {"name": tensor}})
+        self._write({"name": phase, "ph": "X", "pid": self._rank, "tid": row, "ts": self._us(start),
+                     "dur": max(self._us(end) - self._us(start), 0.0), "args": {"tensor": tensor}})
+
+    def cycle(self, number, start, tensors, collectives):
+        self._write({"name": "CYCLE", "ph": "i", "s": "p", "pid": self._rank, "tid": 0, "ts": self._us(start),
+                     "args": {"cycle": number, "tensors": tensors, "collectives": collectives}})
+        self._file.flush()
+
+    def close(self):
+        self._file.write("\n]\n")
+        self._file.close()
+
+    def _us(self, moment):
+        return round((moment - self._start) * 1e6, 1)
+
+    def _write(self, event):
+        self._file.write(("[\n" if self._first else ",\n") + json.dumps(event))
+        self._first = False
+
+
+class NoTimeline:
+    """Stands in when no timeline was asked for."""
+
+    def phase(self, tensor, phase, start, end):
+        pass
+
+    def cycle(self, number, start, tensors, collectives):
+        pass
+
+    def close(self):
+        pass
