@@ -10,6 +10,7 @@ per-rank wrapper import this package without becoming MPI processes themselves.
 
 import importlib
 
+from ringreduce.compression import Compression
 from ringreduce.errors import (
     MismatchError,
     NotInitializedError,
@@ -17,7 +18,6 @@ from ringreduce.errors import (
     RingReduceError,
     UnsupportedDtypeError,
 )
-from ringreduce.compression import Compression
 from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __version__ = "0.1.0"

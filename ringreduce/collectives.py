@@ -9,7 +9,8 @@ not change until the handle is done. The in-place forms write into the array the
 
 import numpy as np
 
-from ringreduce import arrays, compression as compressions, ops, runtime
+from ringreduce import arrays, ops, runtime
+from ringreduce import compression as compressions
 from ringreduce.agreement import Message
 from ringreduce.compression import Compression
 from ringreduce.ops import Average
