@@ -17,6 +17,40 @@ from ringreduce.launcher.supervise import Supervisor
 
 FORWARDED_PREFIXES = ("RINGREDUCE_",)
 
+# The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
+KNOBS = (
+    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(["ring", "mpi"]),
+     "ringreduce's algorithms, or the MPI library's own collectives.", str),
+    ("--fusion-threshold-mb", "RINGREDUCE_FUSION_THRESHOLD", click.FloatRange(min=0),
+     "Fuse ready allreduces into buffers of up to this many MiB (0: no fusion) [default: 128].",
+     lambda mb: str(int(mb * 1024 * 1024))),
+    ("--cycle-time-ms", "RINGREDUCE_CYCLE_TIME", click.FloatRange(min=0),
+     "Longest wait of a ready request for the engine's next cycle [default: 1].", str),
+    ("--cache-capacity", "RINGREDUCE_CACHE_CAPACITY", click.IntRange(min=0),
+     "Negotiated requests remembered, so repeats cost one bit (0: off) [default: 1024].", str),
+    ("--timeline-filename", "RINGREDUCE_TIMELINE", click.Path(dir_okay=False),
+     "Write a Chrome trace of the engine's work (rank 0) to this file.", os.path.abspath),
+    ("--stall-check-seconds", "RINGREDUCE_STALL_CHECK_TIME", click.FloatRange(min=0),
+     "Warn when ranks wait this long for a request others have not submitted [default: 60].", str),
+    ("--stall-shutdown-seconds", "RINGREDUCE_STALL_SHUTDOWN_TIME", click.FloatRange(min=0),
+     "End the job when such a stall lasts this long [default: never].", str),
+    ("--straggler-report", "RINGREDUCE_STRAGGLER_REPORT", None,
+     "At shutdown, rank 0 prints which ranks kept the others waiting.", lambda on: "1"),
+)
+
+
+def knob_options(command):
+    for flag, _, kind, text, _ in reversed(KNOBS):
+        if kind is None:
+            command = click.option(flag, is_flag=True, default=None, help=text)(command)
+        else:
+            command = click.option(flag, type=kind, help=text)(command)
+    return command
+
+
+def _knob_name(flag):
+    return flag.lstrip("-").replace("-", "_")
+
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
@@ -34,10 +68,11 @@ FORWARDED_PREFIXES = ("RINGREDUCE_",)
 @click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it.")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
+@knob_options
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_name, env_items,
-         verbose, dry_run, check_build, command):
+         verbose, dry_run, check_build, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`."""
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
@@ -52,7 +87,7 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
         rank_command=[sys.executable, "-m", "ringreduce.launcher.rank", str(num_proc), "--", *command],
         placement=placement,
         network_interface=network_interface,
-        env=environment(env_items, os.environ),
+        env=environment(env_items, os.environ, knobs),
         mpi_args=shlex.split(mpi_args),
         local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
@@ -80,9 +115,14 @@ def resolve_ranks(num_proc, host_list, hostfile, environ):
     return num_proc, hosts.place(given, num_proc)
 
 
-def environment(env_items, environ):
-    """The variables every rank gets: ringreduce's knobs, then -x NAME[=VALUE] items."""
+def environment(env_items, environ, knobs=None):
+    """The variables every rank gets: ringreduce's knobs from here, then from rrun's flags, then
+    -x NAME[=VALUE] items (the later win)."""
     env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    for flag, variable, _, _, as_text in KNOBS:
+        value = (knobs or {}).get(_knob_name(flag))
+        if value is not None:
+            env[variable] = as_text(value)
     for item in env_items:
         name, has_value, value = item.partition("=")
         if not name.isidentifier():

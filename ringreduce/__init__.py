@@ -16,6 +16,7 @@ from ringreduce.errors import (
     NotInitializedError,
     PeerExitedError,
     RingReduceError,
+    StallError,
     UnsupportedDtypeError,
 )
 from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum
@@ -39,7 +40,7 @@ _HOME = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = sorted(_HOME) + [
     "Compression", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "MismatchError", "NotInitializedError", "PeerExitedError", "RingReduceError",
+    "MismatchError", "NotInitializedError", "PeerExitedError", "RingReduceError", "StallError",
     "UnsupportedDtypeError",
 ]
 

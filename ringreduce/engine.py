@@ -16,7 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce import fusion, launched, negotiation
+from ringreduce import fusion, negotiation
 from ringreduce.algorithms.ring import offsets_of
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import Executor
@@ -109,8 +109,6 @@ class Engine:
         if outcome.stall_warning:
             sys.stderr.write(f"[rank {self.rank}] {outcome.stall_warning}\n")
             sys.stderr.flush()
-            if outcome.stall_fatal:
-                self._abort_job(outcome.stall_warning)
         return outcome
 
     def _accept(self, item):
@@ -196,13 +194,6 @@ class Engine:
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
         self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
-
-    def _abort_job(self, message):
-        """A stall past RINGREDUCE_STALL_SHUTDOWN_TIME: end the whole job, saying why."""
-        if launched.under_rrun():
-            sys.stderr.buffer.write(launched.status_line(self.rank, 1, message.splitlines()[-1].strip()))
-            sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
 
     def _break(self, failure):
         with self._wakeup:

@@ -23,3 +23,7 @@ class PeerExitedError(RingReduceError):
 
 class UnsupportedDtypeError(RingReduceError, TypeError):
     """The array's dtype (or the dtype/op pair) cannot be communicated."""
+
+
+class StallError(RingReduceError):
+    """Ranks waited past RINGREDUCE_STALL_SHUTDOWN_TIME for requests that others never submitted."""

@@ -14,7 +14,7 @@ import dataclasses
 
 from ringreduce import agreement
 from ringreduce.agreement import ranks_text
-from ringreduce.errors import PeerExitedError, RingReduceError
+from ringreduce.errors import PeerExitedError, RingReduceError, StallError
 
 ANNOUNCES, JOINED, SHUTTING_DOWN = 1, 2, 4
 
@@ -113,7 +113,6 @@ class Outcome:
     join_done: int | None = None  # when every rank has joined: the rank that joined last
     all_shut_down: bool = False
     stall_warning: str | None = None
-    stall_fatal: bool = False
 
 
 class Stragglers:
@@ -242,4 +241,8 @@ class Negotiator:
                          f"{waited:.0f} s ago, still missing from {ranks_text(missing)}")
         outcome.stall_warning = "ringreduce stall: some ranks wait for requests that others have " \
                                 "not submitted:\n  " + "\n  ".join(lines)
-        outcome.stall_fatal = fatal
+        if fatal:  # past RINGREDUCE_STALL_SHUTDOWN_TIME: fail them instead of waiting on
+            error = StallError(" / ".join(lines) + f" (RINGREDUCE_STALL_SHUTDOWN_TIME={self.stall_shutdown_seconds:g})")
+            for name, entry in stalled:
+                del self.table[name]
+                outcome.responses.append(self._fail(name, entry, error))

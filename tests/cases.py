@@ -48,3 +48,22 @@ def reference_reduce(arrays, op):
         return (total / len(arrays)).astype(dtype)
     ufunc = {"Min": np.minimum, "Max": np.maximum, "Product": np.multiply}[op]
     return ufunc.reduce(stacked, axis=0, dtype=dtype)
+
+
+def stress_specs(count=300):
+    """(name, dtype, shape, op) of many tensors of mixed sizes and dtypes, the same on every rank."""
+    rng = np.random.default_rng(2024)
+    specs = []
+    for index in range(count):
+        dtype = str(rng.choice([d for d in DTYPES if d != "bool"]))
+        shape = tuple(int(d) for d in rng.integers(1, 6, size=rng.integers(1, 4)))
+        if index % 50 == 0:
+            shape = (int(rng.integers(20_000, 60_000)),)  # a few large ones among the small
+        op = str(rng.choice(OPS))
+        specs.append((f"stress.{index}", dtype, shape, op))
+    return specs
+
+
+def stress_input(rank, index, dtype, shape):
+    length = int(np.prod(shape))
+    return values(rank, dtype, length, salt=index).reshape(shape)

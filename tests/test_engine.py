@@ -1,0 +1,148 @@
+"""The background engine through real rrun and MPI: out-of-order submission, fusion, the
+cache, fp16 compression, join, stalls, the timeline, stragglers and shutdown."""
+
+import json
+
+import numpy as np
+import pytest
+
+import cases
+from launch import run_job
+
+pytestmark = pytest.mark.mpi
+
+
+def reports(job, rank):
+    return [json.loads(line[len("REPORT "):]) for line in job.lines_of(rank) if line.startswith("REPORT ")]
+
+
+def test_three_hundred_tensors_in_a_different_order_on_every_rank(tmp_path):
+    job = run_job(3, "engine.py", "stress", tmp_path)
+    assert job.returncode == 0, job.stderr[-3000:]
+    results = [np.load(tmp_path / f"rank{r}.npz") for r in range(3)]
+    for index, (name, dtype, shape, op) in enumerate(cases.stress_specs()):
+        expected = cases.reference_reduce([cases.stress_input(r, index, dtype, shape) for r in range(3)], op)
+        for rank in range(3):
+            got = results[rank][name]
+            assert got.dtype == expected.dtype and got.shape == expected.shape, name
+            np.testing.assert_array_equal(got, expected, err_msg=f"{name} on rank {rank}")
+
+
+@pytest.mark.parametrize("threshold, most_collectives", [(None, 3), ("0", 100)])
+def test_small_tensors_submitted_together_are_fused(threshold, most_collectives):
+    env = {} if threshold is None else {"RINGREDUCE_FUSION_THRESHOLD": threshold}
+    job = run_job(2, "engine.py", "fusion", env=env)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        (got,) = reports(job, rank)
+        assert got["correct"]
+        assert got["together"]["tensors"] == 100
+        assert got["together"]["bytes"] == 100 * 10 * 4
+        if threshold is None:
+            assert 1 <= got["together"]["collectives"] <= most_collectives
+        else:
+            assert got["together"]["collectives"] == 100
+
+
+@pytest.mark.parametrize("capacity", [None, "0"])
+def test_a_repeated_loop_runs_from_the_cache(capacity):
+    env = {} if capacity is None else {"RINGREDUCE_CACHE_CAPACITY": capacity}
+    job = run_job(2, "engine.py", "cache", env=env)
+    assert job.returncode == 0, job.stderr[-3000:]
+    (got,) = reports(job, 0)
+    stats = got["stats"]
+    assert stats["tensors"] == 200
+    if capacity is None:
+        assert stats["announced"] == 2 * 10  # each rank announces each name once
+        assert stats["cache_hits"] == 190  # every later iteration is bits only
+    else:
+        assert stats["announced"] == 2 * 200
+        assert stats["cache_hits"] == 0
+
+
+def test_fp16_compression(tmp_path):
+    job = run_job(2, "engine.py", "fp16", tmp_path)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for dtype in ("float32", "float64"):
+            inputs = [cases.normal(r, dtype, 1000) for r in range(2)]
+            assert got[dtype].dtype == np.dtype(dtype)
+            # Each input and the sum are rounded to float16 once: within a few float16 steps.
+            reference = np.sum(inputs, axis=0)
+            np.testing.assert_allclose(got[dtype], reference, rtol=2e-3, atol=4e-3)
+            assert not np.array_equal(got[dtype], reference)  # it really went through float16
+        exact = np.sum([cases.values(r, "int32", 1000) for r in range(2)], axis=0, dtype=np.int32)
+        np.testing.assert_array_equal(got["int32"], exact)
+        assert np.isinf(got["overflow"]).all()  # 70000 is beyond float16: documented to become inf
+        np.testing.assert_allclose(got["prescaled"], 140000.0, rtol=1e-3)  # pre-scaling keeps it in range
+        grouped = np.concatenate([(cases.normal(0, "float32", n) + cases.normal(1, "float32", n)) / 2
+                                  for n in (7, 11)])
+        np.testing.assert_allclose(got["grouped"], grouped, rtol=2e-3, atol=4e-3)
+
+
+def test_join_with_uneven_batches_per_rank(tmp_path):
+    job = run_job(3, "engine.py", "join", tmp_path)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(3):
+        assert reports(job, rank) == [{"last": 2}]
+        got = np.load(tmp_path / f"rank{rank}.npy")
+        # Step s (value s+1) is summed over the ranks that still had a batch: those with s < 3 + r.
+        expected = [(s + 1) * sum(1 for r in range(3) if s < 3 + r) for s in range(3 + rank)]
+        np.testing.assert_array_equal(got[:, 0], expected)
+
+
+def test_a_withheld_tensor_is_reported_then_ends_the_job():
+    env = {"RINGREDUCE_STALL_CHECK_TIME": "1", "RINGREDUCE_STALL_SHUTDOWN_TIME": "3"}
+    job = run_job(3, "engine.py", "withhold", env=env, timeout=60)
+    assert job.returncode != 0
+    warning = "allreduce 'withheld': submitted by ranks 0, 2 1 s ago, still missing from rank 1"
+    for rank in (0, 2):
+        assert any(warning in line for line in job.lines_of(rank, "stderr")), job.stderr
+    assert "StallError: allreduce 'withheld'" in job.last_line and "missing from rank 1" in job.last_line
+
+
+def test_timeline_has_every_phase_of_every_tensor(tmp_path):
+    path = tmp_path / "timeline.json"
+    job = run_job(2, "engine.py", "timeline", rrun_args=("--timeline-filename", str(path)))
+    assert job.returncode == 0, job.stderr[-3000:]
+    events = json.loads(path.read_text())
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    phases = {}
+    for event in events:
+        if event["ph"] == "X":
+            phases.setdefault(rows[event["tid"]], set()).add(event["name"])
+    for step in range(3):
+        for part in (0, 1):
+            assert {"NEGOTIATE", "WAIT_FOR_OTHER_RANKS", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
+                    "MEMCPY_OUT_FUSION_BUFFER"} <= phases[f"step{step}.{part}"]
+        assert {"NEGOTIATE", "WAIT_FOR_OTHER_RANKS", "BROADCAST"} <= phases[f"bcast{step}"]
+    assert any(e["name"] == "CYCLE" for e in events)
+
+
+def test_straggler_report_names_the_slow_rank():
+    job = run_job(3, "engine.py", "straggler", rrun_args=("--straggler-report",))
+    assert job.returncode == 0, job.stderr[-3000:]
+    (got,) = reports(job, 0)
+    worst = got["report"]["ranks"][0]
+    assert worst["rank"] == 2 and worst["share_last"] >= 0.8 and worst["mean_late_seconds"] >= 0.01
+    table = job.lines_of(0, "stderr")
+    assert table[0].startswith("ringreduce straggler report (20 cycles ran collectives)")
+    assert table[1].startswith("  rank 2 was last in ")
+
+
+def test_shutdown_with_a_request_pending():
+    job = run_job(2, "engine.py", "shutdown-pending")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert reports(job, 0) == [{"error": "RingReduceError: shutdown() was called on rank 0 while allreduce "
+                                         "'pending' was still pending"}]
+    assert reports(job, 1) == [
+        {"error": f"PeerExitedError: rank 0 shut down while rank 1 waited in allreduce '{name}'; every rank "
+                  "must make the same collective calls"} for name in ("pending", "after")]
+
+
+def test_poll_and_synchronize():
+    job = run_job(2, "engine.py", "poll")
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert reports(job, rank) == [{"done": True, "value": [1.0, 1.0, 1.0]}]

@@ -1,0 +1,132 @@
+"""Exercises the background engine. Usage: engine.py MODE [OUT_DIR]; see each mode below."""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import ringreduce as rr  # noqa: E402
+
+import cases  # noqa: E402
+
+rr.init()
+rank, size = rr.rank(), rr.size()
+mode = sys.argv[1]
+out = sys.argv[2] if len(sys.argv) > 2 else None
+
+
+def report(**values):
+    print("REPORT " + json.dumps(values), flush=True)
+
+
+def delta(before):
+    after = rr.engine_stats()
+    return {key: after.get(key, 0) - before.get(key, 0) for key in after}
+
+
+if mode == "stress":
+    # Many tensors, submitted in a different order on each rank with different pauses.
+    specs = list(enumerate(cases.stress_specs()))
+    rng = np.random.default_rng(100 + rank)
+    rng.shuffle(specs)
+    handles = {}
+    for position, (index, (name, dtype, shape, op)) in enumerate(specs):
+        array = cases.stress_input(rank, index, dtype, shape)
+        handles[name] = rr.allreduce_async(array, op=getattr(rr, op), name=name)
+        if position % 10 == 0:
+            time.sleep(rng.random() * 0.01)
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **{n: rr.synchronize(h) for n, h in handles.items()})
+
+elif mode == "fusion":
+    # 100 small tensors submitted together, then the same one at a time.
+    before = rr.engine_stats()
+    handles = [rr.allreduce_async(np.full(10, rank + i, dtype=np.float32), op=rr.Sum, name=f"small.{i}")
+               for i in range(100)]
+    results = [rr.synchronize(h) for h in handles]
+    together = delta(before)
+    correct = all(np.array_equal(r, np.full(10, sum(k + i for k in range(size)), np.float32))
+                  for i, r in enumerate(results))
+    grouped = rr.grouped_allreduce([np.full(3, rank, np.int64)] * 20, op=rr.Sum)
+    correct = correct and all(np.array_equal(g, np.full(3, sum(range(size)))) for g in grouped)
+    report(together=together, correct=correct)
+
+elif mode == "cache":
+    # A training loop's steady state: the same named tensors every iteration.
+    before = rr.engine_stats()
+    for step in range(20):
+        handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
+        assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
+    report(stats=delta(before))
+
+elif mode == "fp16":
+    big = 70000.0  # beyond float16's largest value, 65504
+    arrays = {
+        "float32": cases.normal(rank, "float32", 1000),
+        "float64": cases.normal(rank, "float64", 1000),
+        "int32": cases.values(rank, "int32", 1000),
+        "overflow": np.full(4, big, np.float32),
+        "prescaled": np.full(4, big, np.float32),
+    }
+    results = {key: rr.allreduce(value, op=rr.Sum, compression=rr.Compression.fp16, name=key)
+               for key, value in arrays.items() if key != "prescaled"}
+    results["prescaled"] = rr.allreduce(arrays["prescaled"], op=rr.Sum, compression=rr.Compression.fp16,
+                                        prescale_factor=1.0 / 1024, postscale_factor=1024.0, name="prescaled")
+    results["grouped"] = np.concatenate(rr.grouped_allreduce(
+        [cases.normal(rank, "float32", 7), cases.normal(rank, "float32", 11)], op=rr.Average,
+        compression=rr.Compression.fp16))
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
+
+elif mode == "join":
+    # Uneven data: rank r has 3 + r batches, then joins.
+    results = []
+    for step in range(3 + rank):
+        results.append(rr.allreduce(np.full(4, step + 1.0), op=rr.Sum, name=f"batch.{step}"))
+    last = rr.join()
+    np.save(os.path.join(out, f"rank{rank}.npy"), np.stack(results))
+    report(last=last)
+
+elif mode == "withhold":
+    # Rank 1 never submits 'withheld'; the others wait for it.
+    if rank != 1:
+        rr.synchronize(rr.allreduce_async(np.ones(3), name="withheld"))
+    else:
+        time.sleep(60)
+
+elif mode == "timeline":
+    for step in range(3):
+        rr.grouped_allreduce([np.ones(100, np.float32), np.ones(10, np.float32)], name=f"step{step}")
+        rr.broadcast(np.ones(5), root_rank=0, name=f"bcast{step}")
+
+elif mode == "straggler":
+    for step in range(20):
+        if rank == size - 1:
+            time.sleep(0.02)
+        rr.allreduce(np.ones(100), name="grad")
+    report(report=rr.straggler_report())
+
+elif mode == "shutdown-pending":
+    # Rank 0 shuts down with a request pending; rank 1 submits it (and another) only afterwards.
+    if rank == 0:
+        handle = rr.allreduce_async(np.ones(3), name="pending")
+        rr.shutdown()
+        try:
+            rr.synchronize(handle)
+        except rr.RingReduceError as error:
+            report(error=f"{type(error).__name__}: {error}")
+    else:
+        time.sleep(1.0)
+        for name in ("pending", "after"):
+            try:
+                rr.synchronize(rr.allreduce_async(np.ones(3), name=name))
+            except rr.RingReduceError as error:
+                report(error=f"{type(error).__name__}: {error}")
+
+elif mode == "poll":
+    handle = rr.allreduce_async(np.ones(3), name="polled")
+    value = rr.synchronize(handle)
+    report(done=rr.poll(handle), value=value.tolist())
+else:
+    raise SystemExit(f"unknown mode {mode}")
