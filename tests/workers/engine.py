@@ -101,7 +101,7 @@ elif mode == "timeline":
         rr.broadcast(np.ones(5), root_rank=0, name=f"bcast{step}")
 
 elif mode == "straggler":
-    for step in range(20):
+    for _ in range(20):
         if rank == size - 1:
             time.sleep(0.02)
         rr.allreduce(np.ones(100), name="grad")
