@@ -2,9 +2,12 @@
 
 Callers enqueue requests and keep handles. Each cycle the engine tells the other ranks
 what it has pending (one small allgather; new names are announced in full once), runs the
-shared negotiation, and executes what is ready everywhere, fused, in the agreed order. An
-idle engine sleeps until a request arrives or the cycle time passes, whichever is first:
-the cycle time bounds how long a ready request waits, it does not delay a lone call.
+shared negotiation, and executes what is ready everywhere, fused, in the agreed order.
+
+Between cycles the engine sleeps until a request arrives or the cycle time passes: the
+cycle time bounds how long a ready request waits, it does not delay a lone call. A rank with
+nothing pending sleeps longer (IDLE_SECONDS): no request can become ready without its own
+submission, which wakes it at once, so the short pace would only burn its core.
 """
 
 import collections
@@ -24,6 +27,7 @@ from ringreduce.requests import ANNOUNCED, CACHED, NEW
 from ringreduce.transports import wait_all
 
 _JOIN, _SHUTDOWN = object(), object()
+IDLE_SECONDS = 0.1
 
 
 class Engine:
@@ -35,15 +39,19 @@ class Engine:
         self.negotiator = negotiation.Negotiator(
             self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
         self.executor = Executor(algorithms, self.rank, self.size, timeline)
-        self.stats = collections.Counter()
+        self.stats = collections.Counter(
+            dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0))
         self._incoming = collections.deque()
         self._wakeup = threading.Condition()
         self._pending = {}  # name -> Request, in submission order
         self._join_handle = None
         self._shutdown_handle = None
         self._failure = None  # set if the engine itself broke: every later request gets it
-        self._row_bytes = 1 + (config.cache_capacity + 7) // 8
-        self._rows = np.zeros((self.size, self._row_bytes), dtype=np.uint8)
+        # Flags, the microseconds this rank waited in the last negotiation, one bit per cache slot.
+        row_bytes = 5 + (config.cache_capacity + 7) // 8
+        self._waited = 0.0
+        self._row = np.zeros(row_bytes, dtype=np.uint8)
+        self._rows = np.zeros((self.size, row_bytes), dtype=np.uint8)
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
         self._thread.start()
 
@@ -67,18 +75,16 @@ class Engine:
     # ---- the engine thread --------------------------------------------------------------
 
     def _run(self):
-        progressed = True
         try:
             while True:
+                waiting = self._pending or self._join_handle or self._shutdown_handle
                 with self._wakeup:
-                    if not self._incoming and not progressed:
-                        self._wakeup.wait(self.config.cycle_time_ms / 1000)
+                    if not self._incoming:
+                        self._wakeup.wait(self.config.cycle_time_ms / 1000 if waiting else IDLE_SECONDS)
                     arrived = list(self._incoming)
                     self._incoming.clear()
-                outcome = self._cycle(arrived)
-                if outcome.all_shut_down:
+                if self._cycle(arrived).all_shut_down:
                     break
-                progressed = bool(arrived or outcome.responses)
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
             self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
             raise
@@ -153,15 +159,19 @@ class Engine:
         return announce, slots
 
     def _exchange_states(self, announce, slots):
-        flags = ((negotiation.ANNOUNCES if announce else 0)
-                 | (negotiation.JOINED if self._join_handle is not None else 0)
-                 | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0))
-        bits = np.zeros(self.config.cache_capacity, dtype=bool)
-        bits[slots] = True
-        row = np.concatenate([[flags], np.packbits(bits)]).astype(np.uint8)
+        row = self._row
+        row[:] = 0
+        row[0] = ((negotiation.ANNOUNCES if announce else 0)
+                  | (negotiation.JOINED if self._join_handle is not None else 0)
+                  | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0))
+        row[1:5].view(np.uint32)[0] = min(int(self._waited * 1e6), 2**32 - 1)
+        for slot in slots:
+            row[5 + slot // 8] |= 0x80 >> (slot % 8)
+        started = time.perf_counter()
         wait_all([self.comm.Iallgather(row, self._rows)])
-        capacity = self.config.cache_capacity
-        return [negotiation.RankState(int(r[0]), tuple(np.flatnonzero(np.unpackbits(r[1:])[:capacity])))
+        self._waited = time.perf_counter() - started
+        return [negotiation.RankState(int(r[0]), tuple(np.flatnonzero(np.unpackbits(r[5:])).tolist())
+                                      if r[5:].any() else (), int(r[1:5].view(np.uint32)[0]) / 1e6)
                 for r in self._rows]
 
     def _exchange_announcements(self, announce):

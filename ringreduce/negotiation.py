@@ -25,6 +25,7 @@ class RankState:
 
     flags: int
     slots: tuple  # the cache slots of the requests it has pending
+    waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
 
     @property
     def joined(self):
@@ -116,22 +117,26 @@ class Outcome:
 
 
 class Stragglers:
-    """Per rank: in how many cycles it was the last to be ready, and how long it kept the others."""
+    """Per rank: in how many cycles it was the last to be ready, and how long it kept the others.
+
+    Each rank measures how long it waited for the others inside a cycle's negotiation and
+    reports it in its next row: the last rank to arrive waited least, and the others waited
+    for it that much longer. Durations, unlike timestamps, need no clocks in agreement.
+    """
+
+    NOISE_SECONDS = 1e-4  # closer than this, nobody held anybody up
 
     def __init__(self, size):
         self.cycles = 0
         self.last = [0] * size
         self.waited = [0.0] * size
 
-    def record(self, entries):
-        """`entries`: the arrival times of the names that became ready together in one cycle."""
-        if not entries:
-            return
+    def record(self, waits):
+        """`waits`: every rank's wait in one cycle that made something ready."""
         self.cycles += 1
-        lateness, rank = max(
-            (max(e.values()) - min(e.values()), max(e, key=e.get)) for e in entries
-        )
-        if lateness > 0:
+        lateness = max(waits) - min(waits)
+        if lateness > self.NOISE_SECONDS:
+            rank = waits.index(min(waits))
             self.last[rank] += 1
             self.waited[rank] += lateness
 
@@ -153,6 +158,7 @@ class Negotiator:
         self.cycles = 0
         self.cache_hits = 0  # names that became ready from cache bits alone
         self._joined_at = {}  # rank -> cycle in which it joined
+        self._previous_ran_something = False
 
     def negotiate(self, states, announcements, now):
         """One cycle: every rank's RankState and newly announced Messages in, decisions out."""
@@ -171,16 +177,16 @@ class Negotiator:
         for rank in joined:
             self._joined_at.setdefault(rank, self.cycles)
 
-        responses, ready_arrivals = [], []
+        if self._previous_ran_something:
+            self.stragglers.record([state.waited for state in states])
+        responses = []
         for name, entry in list(self.table.items()):
             response = self._decide(name, entry, joined, leaving)
             if response is None:
                 continue
             del self.table[name]
             responses.append(response)
-            if response.error is None and len(entry.arrival) > 1:
-                ready_arrivals.append(entry.arrival)
-        self.stragglers.record(ready_arrivals)
+        self._previous_ran_something = any(r.error is None for r in responses)
 
         outcome = Outcome(responses, all_shut_down=len(leaving) == self.size)
         if len(joined) == self.size:

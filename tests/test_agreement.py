@@ -1,62 +1,57 @@
-"""The cross-rank check as pure logic: records, when they disagree, and the error it explains."""
+"""How the ranks' messages for one name are compared, and the error they all raise."""
 
 import numpy as np
 import pytest
 
-from ringreduce import agreement, ops
-from ringreduce.agreement import Description, Signature
+from ringreduce import ops
+from ringreduce.agreement import Message, disagreement
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
 
 
-def rows(*calls):
-    return np.stack([agreement.record(kind, name, sig, None) for kind, name, sig in calls])
+def msg(**fields):
+    return Message(**{"name": "w", "kind": "allreduce", "dtype": "float32", "shape": (3,), "op": 1, **fields})
 
 
-F32 = np.dtype("float32")
-
-
-def test_identical_calls_agree():
-    sig = Signature(F32, (3, 4), int(ops.Sum))
-    assert not agreement.disagrees(rows(("allreduce", "g", sig), ("allreduce", "g", sig)))
+def test_identical_messages_agree():
+    assert disagreement([msg(), msg(), msg()], [0, 1, 2]) is None
 
 
 def test_allgather_may_differ_in_the_first_dimension_only():
-    a, b, c = Signature(F32, (2, 3)), Signature(F32, (5, 3)), Signature(F32, (2, 4))
-    assert not agreement.disagrees(rows(("allgather", None, a), ("allgather", None, b)))
-    assert agreement.disagrees(rows(("allgather", None, a), ("allgather", None, c)))
-    assert agreement.disagrees(rows(("allreduce", None, a), ("allreduce", None, b)))
-
-
-def test_a_problem_on_one_rank_is_a_disagreement():
-    sig = Signature(F32, (3,))
-    table = np.stack([agreement.record("allreduce", None, sig, None),
-                      agreement.record("allreduce", None, None, TypeError("bad"))])
-    assert agreement.disagrees(table)
+    gather = dict(kind="allgather", op=-1)
+    assert disagreement([msg(shape=(2, 3), **gather), msg(shape=(5, 3), **gather)], [0, 1]) is None
+    error = disagreement([msg(shape=(2, 3), **gather), msg(shape=(2, 4), **gather)], [0, 1])
+    assert "shape after the first dimension (3,) on rank 0 but (4,) on rank 1" in str(error)
+    assert disagreement([msg(shape=(2,)), msg(shape=(5,))], [0, 1]) is not None
 
 
 def test_explanations_name_ranks_and_values():
-    sig = Signature(F32, (3,), int(ops.Sum))
-    other = Signature(np.dtype("float64"), (4,), int(ops.Max))
-    error = agreement.explain([Description("allreduce", "w", sig, None),
-                               Description("allreduce", "w", other, None),
-                               Description("allreduce", "w", sig, None)])
+    error = disagreement([msg(), msg(dtype="float64", shape=(4,), op=4), msg()], [0, 1, 2])
     assert isinstance(error, MismatchError) and isinstance(error, ValueError)
-    assert str(error) == ("allreduce 'w' does not match across ranks: dtype float32 on ranks 0, 2 but "
-                          "float64 on rank 1; shape (3,) on ranks 0, 2 but (4,) on rank 1; "
-                          "op Sum on ranks 0, 2 but Max on rank 1")
+    assert str(error) == ("allreduce 'w' does not match across ranks: shape (3,) on ranks 0, 2 but (4,) on "
+                          "rank 1; dtype float32 on ranks 0, 2 but float64 on rank 1; op Sum on ranks 0, 2 "
+                          "but Max on rank 1")
+
+
+def test_scaling_and_compression_must_agree():
+    error = disagreement([msg(prescale=0.5), msg(compression="fp16")], [0, 1])
+    assert "prescale_factor 0.5 on rank 0 but 1.0 on rank 1" in str(error)
+    assert "compression none on rank 0 but fp16 on rank 1" in str(error)
+
+
+def test_different_collectives_for_one_name():
+    error = disagreement([msg(), msg(kind="broadcast", root=0)], [0, 1])
+    assert str(error) == "allreduce 'w' does not match across ranks: collective allreduce on rank 0 but " \
+                         "broadcast on rank 1"
 
 
 def test_problems_keep_their_type_and_group_ranks():
     problem = ("UnsupportedDtypeError", "dtype complex64 is not supported")
-    error = agreement.explain([Description("allreduce", None, None, problem),
-                               Description("allreduce", None, Signature(F32, (3,)), None)])
+    error = disagreement([Message(name="w", kind="allreduce", problem=problem), msg()], [0, 1])
     assert isinstance(error, UnsupportedDtypeError) and isinstance(error, TypeError)
-    assert str(error) == "allreduce failed on rank 0: dtype complex64 is not supported"
-
-
-def test_too_many_dimensions_is_a_clear_error():
-    with pytest.raises(ValueError, match="more than 32 dimensions"):
-        Signature.of(np.zeros((1,) * 33))
+    assert str(error) == "allreduce 'w' failed on rank 0: dtype complex64 is not supported"
+    both = disagreement([Message(name="w", kind="allreduce", problem=("ValueError", "a")),
+                         Message(name="w", kind="allreduce", problem=("ValueError", "b"))], [0, 1])
+    assert str(both) == "allreduce 'w' failed: a (on rank 0); b (on rank 1)"
 
 
 @pytest.mark.parametrize("dtype, op, expected", [

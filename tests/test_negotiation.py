@@ -114,12 +114,16 @@ def test_stalls_warn_once_then_fail_past_the_shutdown_time():
     assert n.table == {}
 
 
-def test_stragglers_are_the_ranks_that_arrive_last():
-    n = Negotiator(2, cache_capacity=8)
+def test_stragglers_are_the_ranks_that_waited_least():
+    n = Negotiator(3, cache_capacity=8)
     for step in range(4):
-        n.negotiate(idle(2), [[msg(f"s{step}")], []], now=step * 10.0)
-        n.negotiate(idle(2), [[], [msg(f"s{step}")]], now=step * 10.0 + 0.5)
-    assert n.stragglers.report() == [(1, 1.0, 0.5)]
+        waits = (0.0, 0.0, 0.0) if step == 0 else (0.030, 0.0001, 0.020)
+        n.negotiate([RankState(0, (), w) for w in waits], [[msg(f"s{step}")]] * 3, now=float(step))
+    # Three cycles ran after one that made something ready: rank 1 arrived last in each,
+    # keeping the others waiting 29.9 ms at most.
+    ((rank, share, late),) = n.stragglers.report()
+    assert (rank, share) == (1, 1.0) and late == pytest.approx(0.0299)
+    assert n.stragglers.cycles == 3
 
 
 @pytest.mark.parametrize("threshold, sizes", [(1000, [[0, 1], [2]]), (0, [[0], [1], [2]]), (10**9, [[0, 1, 2]])])

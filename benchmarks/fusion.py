@@ -1,0 +1,108 @@
+"""Fusion benchmark: ResNet-50's gradients allreduced the way a backward pass submits them.
+
+    rrun -np 2 python benchmarks/fusion.py [--steps N]
+
+In the same run and interleaved, step after step: the engine with fusion (async, submitted
+in backward order), one synchronous allreduce per tensor, the engine with fp16 compression,
+and one MPI Allreduce of the gradients concatenated into one buffer. Prints a table (rank 0)
+and writes benchmarks/results/fusion.json. Every variant is checked against the expected sum
+before it is timed.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+from resnet50 import gradient_shapes
+
+import ringreduce as rr
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    rr.init()
+    rank, size = rr.rank(), rr.size()
+    shapes = list(reversed(gradient_shapes()))  # the order backward produces them
+    grads = [np.full(shape, rank + 1, dtype=np.float32) for shape in shapes]
+    flat = np.concatenate([g.reshape(-1) for g in grads])
+    expected = size * (size + 1) / 2
+
+    def fused(compression=rr.Compression.none):
+        handles = [rr.allreduce_async(g, op=rr.Sum, name=f"grad.{i}", compression=compression)
+                   for i, g in enumerate(grads)]
+        return [rr.synchronize(h) for h in handles]
+
+    def one_at_a_time():
+        return [rr.allreduce(g, op=rr.Sum, name=f"grad.{i}") for i, g in enumerate(grads)]
+
+    def mpi_concatenated():
+        out = np.empty_like(flat)
+        MPI.COMM_WORLD.Allreduce(flat, out, op=MPI.SUM)
+        return [out]
+
+    variants = {
+        "ringreduce fused (async, backward order)": fused,
+        "ringreduce one synchronous allreduce per tensor": one_at_a_time,
+        "ringreduce fused, fp16 compression": lambda: fused(rr.Compression.fp16),
+        "MPI Allreduce of the concatenated buffer": mpi_concatenated,
+    }
+    for name, run in variants.items():  # check, and warm up
+        for result in run():
+            assert np.all(result == expected), f"{name} gave a wrong sum"
+    times = {name: [] for name in variants}
+    collectives = {}
+    for _ in range(args.steps):
+        for name, run in variants.items():
+            rr.barrier()
+            before = rr.engine_stats()["collectives"]
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+            collectives[name] = rr.engine_stats()["collectives"] - before
+    casts = cast_throughput(flat)
+    if rank == 0:
+        report(times, collectives, casts, size, len(shapes), flat.size, args.steps)
+
+
+def cast_throughput(flat):
+    """numpy's float32 -> float16 -> float32 round trip on these gradients: the price of fp16."""
+    half = np.empty(flat.size, dtype=np.float16)
+    back = np.empty_like(flat)
+    start = time.perf_counter()
+    np.copyto(half, flat, casting="unsafe")
+    middle = time.perf_counter()
+    np.copyto(back, half)
+    end = time.perf_counter()
+    return {"float32_to_float16_per_second": flat.size / (middle - start),
+            "float16_to_float32_per_second": flat.size / (end - middle)}
+
+
+def report(times, collectives, casts, size, tensors, parameters, steps):
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    baseline = medians["MPI Allreduce of the concatenated buffer"]
+    print(f"Fusion benchmark: ResNet-50 gradients ({tensors} tensors, {parameters:,} float32 parameters, "
+          f"{parameters * 4 / 2**20:.0f} MiB), {size} ranks, median of {steps} steps")
+    print(f"{'variant':52s} {'ms/step':>9s} {'vs MPI':>7s} {'collectives':>11s}")
+    for name, median in medians.items():
+        count = collectives.get(name, 0) if name.startswith("ringreduce") else 1
+        print(f"{name:52s} {median * 1e3:9.1f} {median / baseline:6.2f}x {count:11d}")
+    print(f"numpy casts: float32->float16 {casts['float32_to_float16_per_second'] / 1e6:.0f} M/s, "
+          f"float16->float32 {casts['float16_to_float32_per_second'] / 1e6:.0f} M/s")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "fusion.json"), "w") as f:
+        json.dump({"ranks": size, "tensors": tensors, "parameters": parameters, "steps": steps,
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+                   "median_seconds": medians, "collectives_per_step": collectives, "casts": casts}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
