@@ -163,7 +163,8 @@ class Engine:
         row[:] = 0
         row[0] = ((negotiation.ANNOUNCES if announce else 0)
                   | (negotiation.JOINED if self._join_handle is not None else 0)
-                  | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0))
+                  | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0)
+                  | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0))
         row[1:5].view(np.uint32)[0] = min(int(self._waited * 1e6), 2**32 - 1)
         for slot in slots:
             row[5 + slot // 8] |= 0x80 >> (slot % 8)

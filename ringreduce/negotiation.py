@@ -16,7 +16,7 @@ from ringreduce import agreement
 from ringreduce.agreement import ranks_text
 from ringreduce.errors import PeerExitedError, RingReduceError, StallError
 
-ANNOUNCES, JOINED, SHUTTING_DOWN = 1, 2, 4
+ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED = 1, 2, 4, 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,10 @@ class RankState:
     @property
     def shutting_down(self):
         return bool(self.flags & SHUTTING_DOWN)
+
+    @property
+    def stalled(self):
+        return bool(self.flags & STALLED)
 
 
 class Cache:
@@ -86,6 +90,7 @@ class Cache:
 class Entry:
     """A name some ranks have submitted and others not yet."""
 
+    cycle: int  # the cycle it was first seen in
     messages: dict = dataclasses.field(default_factory=dict)  # rank -> Message
     arrival: dict = dataclasses.field(default_factory=dict)  # rank -> time its request was first seen
     warned: bool = False
@@ -192,11 +197,19 @@ class Negotiator:
         if len(joined) == self.size:
             outcome.join_done = max(self._joined_at, key=lambda r: (self._joined_at[r], r))
             self._joined_at.clear()
-        self._inspect_stalls(outcome, now)
+        if any(state.stalled for state in states):
+            self._fail_stalled(outcome, now)
+        outcome.stall_warning = self._stall_warning(now)
         return outcome
 
+    def stall_due(self, now):
+        """True when, by this rank's clock, a request has waited past the stall shutdown time.
+        The rank says so in its row, and every rank then fails the same requests together."""
+        return self.stall_shutdown_seconds is not None and any(
+            now - min(e.arrival.values()) >= self.stall_shutdown_seconds for e in self.table.values())
+
     def _arrive(self, name, rank, message, now):
-        entry = self.table.setdefault(name, Entry())
+        entry = self.table.get(name) or self.table.setdefault(name, Entry(self.cycles))
         entry.messages[rank] = message
         entry.arrival.setdefault(rank, now)
 
@@ -228,27 +241,29 @@ class Negotiator:
     def _fail(self, name, entry, error):
         return Response(name, tuple(entry.messages.get(r) for r in range(self.size)), error)
 
-    def _inspect_stalls(self, outcome, now):
-        stalled = [(name, entry) for name, entry in self.table.items()
-                   if now - min(entry.arrival.values()) >= self.stall_check_seconds]
+    def _stall_warning(self, now):
+        """The warning for requests waiting past the stall check time, each named once."""
+        fresh = [(name, entry) for name, entry in self.table.items()
+                 if not entry.warned and now - min(entry.arrival.values()) >= self.stall_check_seconds]
+        if not fresh:
+            return None
+        for _, entry in fresh:
+            entry.warned = True
+        return "ringreduce stall: some ranks wait for requests that others have not submitted:\n  " + \
+            "\n  ".join(self._describe_stall(name, entry, now) for name, entry in fresh)
+
+    def _fail_stalled(self, outcome, now):
+        """Fail every request that was already waiting before this cycle, on every rank alike."""
+        stalled = [(name, entry) for name, entry in self.table.items() if entry.cycle < self.cycles]
         if not stalled:
             return
-        fatal = self.stall_shutdown_seconds is not None and any(
-            now - min(e.arrival.values()) >= self.stall_shutdown_seconds for _, e in stalled)
-        fresh = [(name, entry) for name, entry in stalled if not entry.warned]
-        if not fresh and not fatal:
-            return
-        lines = []
-        for name, entry in (stalled if fatal else fresh):
-            entry.warned = True
-            missing = [r for r in range(self.size) if r not in entry.messages]
-            waited = now - min(entry.arrival.values())
-            lines.append(f"{entry.kind} {name!r}: submitted by {ranks_text(sorted(entry.messages))} "
-                         f"{waited:.0f} s ago, still missing from {ranks_text(missing)}")
-        outcome.stall_warning = "ringreduce stall: some ranks wait for requests that others have " \
-                                "not submitted:\n  " + "\n  ".join(lines)
-        if fatal:  # past RINGREDUCE_STALL_SHUTDOWN_TIME: fail them instead of waiting on
-            error = StallError(" / ".join(lines) + f" (RINGREDUCE_STALL_SHUTDOWN_TIME={self.stall_shutdown_seconds:g})")
-            for name, entry in stalled:
-                del self.table[name]
-                outcome.responses.append(self._fail(name, entry, error))
+        error = StallError(" / ".join(self._describe_stall(name, entry, now) for name, entry in stalled)
+                           + f" (RINGREDUCE_STALL_SHUTDOWN_TIME={self.stall_shutdown_seconds:g})")
+        for name, entry in stalled:
+            del self.table[name]
+            outcome.responses.append(self._fail(name, entry, error))
+
+    def _describe_stall(self, name, entry, now):
+        missing = [r for r in range(self.size) if r not in entry.messages]
+        return (f"{entry.kind} {name!r}: submitted by {ranks_text(sorted(entry.messages))} "
+                f"{now - min(entry.arrival.values()):.0f} s ago, still missing from {ranks_text(missing)}")

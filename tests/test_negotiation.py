@@ -5,7 +5,7 @@ import pytest
 from ringreduce import fusion
 from ringreduce.agreement import Message
 from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError
-from ringreduce.negotiation import JOINED, SHUTTING_DOWN, Negotiator, RankState
+from ringreduce.negotiation import JOINED, SHUTTING_DOWN, STALLED, Negotiator, RankState
 
 
 def msg(name, shape=(4,), dtype="float32", kind="allreduce", op=0, compression="none"):
@@ -101,17 +101,23 @@ def test_requests_involving_a_rank_that_shuts_down_fail():
     assert n.negotiate(idle(2, SHUTTING_DOWN), [[], []], now=1.0).all_shut_down
 
 
-def test_stalls_warn_once_then_fail_past_the_shutdown_time():
+def test_stalls_warn_once_then_fail_together_once_a_rank_flags_them():
     n = Negotiator(3, cache_capacity=8, stall_check_seconds=10, stall_shutdown_seconds=30)
     n.negotiate(idle(3), [[msg("w")], [], [msg("w")]], now=0.0)
     assert n.negotiate(idle(3), [[], [], []], now=5.0).stall_warning is None
     warned = n.negotiate(idle(3), [[], [], []], now=11.0)
     assert "allreduce 'w': submitted by ranks 0, 2 11 s ago, still missing from rank 1" in warned.stall_warning
     assert n.negotiate(idle(3), [[], [], []], now=12.0).stall_warning is None
-    fatal = n.negotiate(idle(3), [[], [], []], now=31.0)
+    assert not n.stall_due(29.0) and n.stall_due(31.0)
+    # Nothing fails on one rank's clock alone: only when a row carries the flag, and then
+    # everything waiting from before this cycle fails (a name first seen now does not).
+    assert n.negotiate(idle(3), [[], [], []], now=31.0).responses == []
+    flagged = [RankState(STALLED, ()), RankState(0, ()), RankState(0, ())]
+    fatal = n.negotiate(flagged, [[msg("fresh")], [], []], now=32.0)
     (response,) = fatal.responses
-    assert isinstance(response.error, StallError) and "missing from rank 1" in str(response.error)
-    assert n.table == {}
+    assert response.name == "w" and isinstance(response.error, StallError)
+    assert "missing from rank 1" in str(response.error)
+    assert list(n.table) == ["fresh"]
 
 
 def test_stragglers_are_the_ranks_that_waited_least():
