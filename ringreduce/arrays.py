@@ -1,6 +1,8 @@
-"""The array backend: which arrays the core accepts and the scratch memory it reuses.
+"""The array backends: numpy on the CPU, CuPy on the GPU, and the scratch memory the core reuses.
 
-numpy on the CPU for now; everything above this module sees plain contiguous arrays.
+The collectives run on host buffers. A CuPy array is staged through them: converted (and,
+with compression, cast) on the GPU, then copied to the host; results come back the same way,
+so casts and scaling run on the GPU and only the wire's bytes cross the PCIe bus.
 """
 
 import numpy as np
@@ -16,8 +18,31 @@ SUPPORTED_DTYPES = tuple(
 
 
 def as_array(value):
-    """Any array-like as a numpy array, without copying one that already is."""
-    return value if isinstance(value, np.ndarray) else np.asarray(value)
+    """Any array-like as a numpy array, without copying one that already is (or a CuPy array)."""
+    return value if isinstance(value, np.ndarray) or on_device(value) else np.asarray(value)
+
+
+def on_device(array):
+    """A CuPy array? (Told without importing CuPy, which is slow and may have no GPU to use.)"""
+    return type(array).__module__.split(".")[0] == "cupy"
+
+
+def module_of(array):
+    """numpy, or cupy for a CuPy array: the functions that create arrays like this one."""
+    if on_device(array):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_host(array):
+    return array.get() if on_device(array) else array
+
+
+def like(host, model):
+    """`host` as an array of the same kind as `model` (copied to the GPU for a CuPy model)."""
+    return module_of(model).asarray(host) if on_device(model) else host
 
 
 def check_dtype(array):
@@ -39,14 +64,14 @@ def fresh_copy(array):
 
     It also makes non-contiguous and read-only inputs safe to communicate.
     """
-    return np.array(array, order="C", copy=True)
+    return module_of(array).array(array, order="C", copy=True)
 
 
 def writable_in_place(array, what):
     """Check that an in-place call can write its result straight into `array`."""
-    if not isinstance(array, np.ndarray):
-        raise TypeError(f"{what} needs a numpy array, got {type(array).__name__}")
-    if not array.flags.writeable:
+    if not isinstance(array, np.ndarray) and not on_device(array):
+        raise TypeError(f"{what} needs a numpy or CuPy array, got {type(array).__name__}")
+    if not getattr(array.flags, "writeable", True):
         raise ValueError(f"{what} cannot write into a read-only array; use the out-of-place form")
     if not array.flags.c_contiguous:
         raise ValueError(f"{what} needs a C-contiguous array; use the out-of-place form")

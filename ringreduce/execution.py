@@ -2,7 +2,8 @@
 
 Each function gets the group's responses and this rank's requests for them (None where this
 rank has joined and takes part with the op's identity), runs the algorithm, and returns one
-result per request.
+result per request. The algorithms work on host arrays; CuPy arrays are staged in and out
+(arrays.py), with their casts and scaling done on the GPU.
 """
 
 import math
@@ -12,6 +13,7 @@ import numpy as np
 
 from ringreduce import compression, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.arrays import like, on_device, to_host
 from ringreduce.ops import ReduceOp
 
 
@@ -39,7 +41,7 @@ class Executor:
         wire = compression.by_name(message.compression).wire_dtype(message.dtype)
         outputs = [r.output if r is not None else _identity(m.message, op, m.message.shape)
                    for m, r in zip(responses, requests, strict=True)]
-        if len(responses) == 1 and wire == np.dtype(message.dtype):
+        if len(responses) == 1 and wire == np.dtype(message.dtype) and not on_device(outputs[0]):
             return self._allreduce_alone(responses[0], requests[0], outputs[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
@@ -55,9 +57,8 @@ class Executor:
         self.algorithms.allreduce(buffer, op)
         reduced = time.perf_counter()
         for index, output in enumerate(outputs):
-            flat = output.reshape(-1)
-            np.copyto(flat, buffer[offsets[index]:offsets[index + 1]], casting="unsafe")
-            ops.finish(flat, op, self.size, message.postscale)
+            _store(buffer[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
+            ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -90,13 +91,16 @@ class Executor:
         rows = [m.shape[0] for m in response.messages]
         row_offsets = offsets_of(rows)
         result = np.empty((row_offsets[-1],) + message.shape[1:], dtype=message.dtype)
-        result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = request.input
+        result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = to_host(request.input)
         row_size = math.prod(message.shape[1:])
         self.algorithms.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
-        return result
+        return like(result, request.input)
 
     def _broadcast(self, response, request):
-        self.algorithms.broadcast(request.output.reshape(-1), response.message.root)
+        host = np.ascontiguousarray(to_host(request.output))
+        self.algorithms.broadcast(host.reshape(-1), response.message.root)
+        if host is not request.output:
+            _store(host, request.output)
         return request.output
 
     def _alltoall(self, response, request):
@@ -104,12 +108,13 @@ class Executor:
         received_rows = np.empty(self.size, dtype=np.int64)
         unit = list(range(self.size + 1))
         self.algorithms.alltoallv(send_rows, unit, received_rows, unit)
-        array = request.input
+        array = to_host(request.input)
         row_size = math.prod(array.shape[1:])
         send = np.ascontiguousarray(array).reshape(-1)
         result = np.empty((int(received_rows.sum()),) + array.shape[1:], dtype=array.dtype)
         self.algorithms.alltoallv(send, offsets_of(send_rows * row_size),
                                   result.reshape(-1), offsets_of(received_rows * row_size))
+        result = like(result, request.input)
         return (result, received_rows) if request.return_splits else result
 
     def _reducescatter(self, response, request):
@@ -121,18 +126,30 @@ class Executor:
         _copy_scaled(request.input, work, message.prescale)
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op)
         ops.finish(mine, op, self.size, message.postscale)
-        return mine.reshape((rows[self.rank],) + message.shape[1:])
+        return like(mine.reshape((rows[self.rank],) + message.shape[1:]), request.input)
 
     def _barrier(self, response, request):
         return None
 
 
 def _copy_scaled(source, target, factor):
-    """target = source * factor in target's dtype (the cast of compression happens here too)."""
-    if factor == 1.0:
+    """target (a host array) = source * factor in target's dtype: the cast of compression happens
+    here too. A CuPy source is scaled and cast on the GPU, then copied to the host."""
+    if on_device(source):
+        scaled = source * factor if factor != 1.0 else source
+        scaled.astype(target.dtype, copy=False).get(out=target)
+    elif factor == 1.0:
         np.copyto(target, source, casting="unsafe")
     else:
         np.multiply(source, factor, out=target, casting="unsafe")
+
+
+def _store(host, output):
+    """output[...] = host in output's dtype; for a CuPy output the cast runs on the GPU."""
+    if on_device(output):
+        output[...] = like(host, output)
+    else:
+        np.copyto(output, host, casting="unsafe")
 
 
 def _identity_value(op, dtype):
