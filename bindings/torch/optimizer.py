@@ -1,0 +1,133 @@
+"""DistributedOptimizer: wraps a torch.optim optimizer so that every gradient is averaged over
+the ranks, starting as soon as backward has produced it, so communication overlaps the rest
+of the backward pass; step() only waits for what is still in flight.
+"""
+
+import contextlib
+
+import numpy as np
+
+import ringreduce as core
+import torch
+from ringreduce.compression import Compression
+from ringreduce.torch import tensors
+
+_MASK_NAME = "ringreduce.torch.gradients_present"
+
+
+class _DistributedOptimizer:
+    """The methods mixed into a subclass of the wrapped optimizer's own class."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._op = op
+        self._passes_per_step = backward_passes_per_step
+        if op == core.Average:
+            self._prescale, self._postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+        elif gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        else:
+            self._prescale = self._postscale = 1.0
+        self._names = _parameter_names(self.param_groups, named_parameters)
+        self._ordered = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._handles = {}  # parameter -> handle of its gradient's allreduce, this step
+        self._passes = {p: 0 for p in self._ordered}
+        self._synchronized = False
+        self._skip_synchronize = False
+        for parameter in self._ordered:
+            parameter.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def _gradient_ready(self, parameter):
+        """Called by autograd once `parameter.grad` holds this backward pass's gradient."""
+        if parameter in self._handles:
+            raise RuntimeError(
+                f"the gradient of {self._names[parameter]!r} was computed again before step() or "
+                "synchronize(); call backward once per step, or raise backward_passes_per_step")
+        self._passes[parameter] += 1
+        if self._passes[parameter] == self._passes_per_step:
+            self._handles[parameter] = self._allreduce(parameter)
+
+    def _allreduce(self, parameter):
+        return tensors.allreduce_async_(parameter.grad, self._op, self._names[parameter], self._compression,
+                                        self._prescale, self._postscale)
+
+    def synchronize(self):
+        """Wait until every gradient of this step is averaged over the ranks.
+
+        A parameter that got no gradient here but did on another rank takes part with zeros,
+        so no rank waits for it; one that got no gradient anywhere keeps grad None.
+        """
+        present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
+                            for p in self._ordered], dtype=np.uint8)
+        anywhere = core.allreduce(present, op=core.Max, name=_MASK_NAME)
+        for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
+            if somewhere and not local:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                self._handles[parameter] = self._allreduce(parameter)
+            elif somewhere and parameter not in self._handles:  # fewer passes than per step here
+                self._handles[parameter] = self._allreduce(parameter)
+        for handle in self._handles.values():
+            tensors.synchronize(handle)
+        self._handles.clear()
+        self._passes = dict.fromkeys(self._passes, 0)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For `synchronize()` by hand before step(), e.g. to clip the averaged gradients."""
+        self._skip_synchronize = True
+        try:
+            yield
+        finally:
+            self._skip_synchronize = False
+
+    def step(self, closure=None):
+        if not self._skip_synchronize:
+            self.synchronize()
+        elif not self._synchronized:
+            raise RuntimeError("step() inside skip_synchronize() needs a synchronize() call before it")
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._handles:
+            raise RuntimeError("zero_grad() was called after backward() but before step() or synchronize(): "
+                               "the gradients are still being averaged")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=core.Average, gradient_predivide_factor=1.0):
+    """`optimizer`, averaging gradients over all ranks. The result is an instance of a subclass of
+    the optimizer's own class, so param_groups, state_dict, load_state_dict and LR schedulers
+    behave as they do on the original; its state (a loaded checkpoint) comes along."""
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    methods = {k: v for k, v in vars(_DistributedOptimizer).items() if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+                      gradient_predivide_factor)
+    distributed.load_state_dict(optimizer.state_dict())
+    return distributed
+
+
+def _parameter_names(param_groups, named_parameters):
+    """A name per parameter, the same on every rank: given ones, else the position in the groups."""
+    parameters = [p for group in param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"param.{i}" for i, p in enumerate(parameters)}
+    named = list(named_parameters)
+    names = [name for name, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}")
+    by_parameter = {p: name for name, p in named}
+    missing = [i for i, p in enumerate(parameters) if p not in by_parameter]
+    if missing:
+        raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters "
+                         f"(positions {missing[:10]} in its param_groups); pass model.named_parameters() "
+                         "for the model the optimizer was built on")
+    return {p: f"grad.{by_parameter[p]}" for p in parameters}

@@ -1,0 +1,70 @@
+"""SyncBatchNorm: batch normalization whose statistics come from all ranks' batches together."""
+
+import ringreduce as core
+import torch
+from ringreduce.torch import tensors
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+class SyncBatchNorm(_BatchNorm):
+    """A drop-in for torch.nn.BatchNorm1d/2d/3d: in training, mean and variance are those of the
+    batch made of every rank's batch; the backward pass is that of the same global batch."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected an input of at least 2 dimensions, got {input.dim()}")
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if not self.training or core.size() == 1:
+            return super().forward(input)
+        if self.momentum is None:
+            raise ValueError("SyncBatchNorm needs a momentum (a cumulative average is not supported)")
+        if self.track_running_stats:
+            self.num_batches_tracked += 1
+        return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.running_mean, self.running_var,
+                                            self.eps, self.momentum)
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum):
+        channels = input.shape[1]
+        dims = [d for d in range(input.dim()) if d != 1]
+        count = input.numel() // channels
+        local = torch.cat([input.sum(dims), (input * input).sum(dims),
+                           torch.tensor([float(count)], dtype=input.dtype)]).double()
+        total = tensors.allreduce(local, op=core.Sum)
+        n = total[-1]
+        mean = total[:channels] / n
+        var = total[channels:2 * channels] / n - mean * mean
+        if running_mean is not None:
+            with torch.no_grad():
+                running_mean.mul_(1 - momentum).add_(momentum * mean.to(running_mean.dtype))
+                running_var.mul_(1 - momentum).add_(momentum * (var * n / (n - 1)).to(running_var.dtype))
+        mean, invstd = mean.to(input.dtype), torch.rsqrt(var + eps).to(input.dtype)
+        ctx.save_for_backward(input, weight, mean, invstd)
+        ctx.n = float(n)
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        output = (input - mean.view(shape)) * invstd.view(shape)
+        if weight is not None:
+            output = output * weight.view(shape) + bias.view(shape)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight, mean, invstd = ctx.saved_tensors
+        channels = input.shape[1]
+        dims = [d for d in range(input.dim()) if d != 1]
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        centered = input - mean.view(shape)
+        sum_dy = grad_output.sum(dims)
+        sum_dy_centered = (grad_output * centered).sum(dims)
+        grad_weight = (sum_dy_centered * invstd) if weight is not None else None
+        grad_bias = sum_dy if weight is not None else None
+        total = tensors.allreduce(torch.cat([sum_dy, sum_dy_centered]).double(), op=core.Sum).to(input.dtype)
+        mean_dy, mean_dy_centered = total[:channels] / ctx.n, total[channels:] / ctx.n
+        scale = invstd if weight is None else invstd * weight
+        grad_input = (grad_output - mean_dy.view(shape)
+                      - centered * (invstd * invstd * mean_dy_centered).view(shape)) * scale.view(shape)
+        return grad_input, grad_weight, grad_bias, None, None, None, None

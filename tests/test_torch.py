@@ -1,0 +1,157 @@
+"""ringreduce.torch under real ranks, compared with single-process PyTorch computed here."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_cases  # noqa: E402
+
+from launch import run_job  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def reports(job, rank):
+    return [json.loads(line[len("REPORT "):]) for line in job.lines_of(rank) if line.startswith("REPORT ")]
+
+
+def load(tmp_path, rank):
+    return torch.load(tmp_path / f"rank{rank}.pt")
+
+
+@pytest.mark.parametrize("kind, passes, compression, tolerance", [
+    ("sgd", 1, "none", 1e-5),
+    ("adam", 1, "none", 1e-5),
+    ("sgd", 2, "none", 1e-5),
+    ("sgd", 1, "fp16", 1e-3),
+])
+def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, kind, passes, compression, tolerance):
+    job = run_job(2, "torch_train.py", kind, passes, compression, tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    net = torch_cases.model()
+    reference = torch_cases.train(net, torch_cases.optimizer(kind, net.parameters()), [(0, torch_cases.BATCH)])
+    for rank in range(2):
+        got = load(tmp_path, rank)
+        for name, value in reference.items():
+            torch.testing.assert_close(got[name], value, rtol=tolerance, atol=tolerance)
+        if compression == "fp16":  # the gradients really went through float16
+            assert any(not torch.equal(got[n], v) for n, v in reference.items())
+
+
+def test_tensor_collectives(tmp_path):
+    job = run_job(2, "torch_misc.py", "collectives", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        got = load(tmp_path, rank)
+        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float16):
+            result = got[f"allreduce-{dtype}"]
+            assert result.dtype == dtype
+            torch.testing.assert_close(result, torch.arange(6, dtype=dtype) * 3)
+        assert torch.equal(got["allreduce_"], torch.ones(3, 2))
+        assert got["allreduce_-bf16"].dtype == torch.bfloat16
+        torch.testing.assert_close(got["allreduce_-bf16"], torch.full((4,), 4.0, dtype=torch.bfloat16))
+        assert [g.tolist() for g in got["grouped"]] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+        assert got["allgather"].tolist() == [[0, 0], [1, 1], [1, 1]] and got["allgather"].dtype == torch.int32
+        assert got["broadcast"].tolist() == [1.0, 2.0, 3.0, 4.0] == got["broadcast_"].tolist()
+        assert got["alltoall"].tolist() == [[0, 1, 10, 11], [2, 3, 12, 13]][rank]
+        received, splits = got["alltoall-splits"]
+        assert received.tolist() == [[0, 10, 11], [1, 2, 12]][rank] and splits.tolist() == [[1, 2], [2, 1]][rank]
+        assert got["reducescatter"].tolist() == [[3.0, 3.0]] * (3 if rank == 0 else 2)
+        assert got["async"].tolist() == [2.0, 2.0] and got["poll"] is True
+
+
+def test_backward_overlaps_communication():
+    """The last layer's gradients are averaged while backward still works on the first layer."""
+    job = run_job(2, "torch_misc.py", "overlap", "unused-dir", timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        (got,) = reports(job, rank)
+        assert got["done_before_backward_ended"] >= 2  # last.weight and last.bias
+        assert got["done_after_step"] == 5  # four gradients and the step's presence mask
+
+
+def test_broadcast_makes_different_ranks_equal(tmp_path):
+    job = run_job(3, "torch_misc.py", "broadcast", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    root = load(tmp_path, 0)
+    assert root["adam"]["state"][0]["step"] == 1  # rank 0 took one step; the others more
+    assert root["fresh"]["state"] == {} and root["fresh"]["param_groups"][0]["lr"] == 0.5
+    for rank in (1, 2):
+        got = load(tmp_path, rank)
+        for name, value in root["model"].items():
+            assert torch.equal(got["model"][name], value), name
+        for index, state in root["adam"]["state"].items():
+            for key, value in state.items():
+                assert torch.equal(torch.as_tensor(got["adam"]["state"][index][key]), torch.as_tensor(value))
+        assert got["fresh"] == root["fresh"]
+
+
+def test_an_unused_parameter_does_not_hang(tmp_path):
+    job = run_job(2, "torch_misc.py", "unused", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert reports(job, 0) == reports(job, 1) == [{"never_grad_is_none": True}]
+    first, second = load(tmp_path, 0), load(tmp_path, 1)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_a_mismatched_model_is_a_clear_error():
+    job = run_job(2, "torch_misc.py", "mismatch", "unused-dir", timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        (got,) = reports(job, rank)
+        assert "does not match across ranks: shape (3,) on rank 0 but (5,) on rank 1" in got["error"]
+
+
+def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(tmp_path):
+    job = run_job(2, "torch_misc.py", "syncbn", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    torch.manual_seed(3)
+    whole = torch.randn(8, 3, 4, 4) * 2 + 1
+    weights = torch.randn(8, 3, 4, 4)
+    bn = torch.nn.BatchNorm2d(3, momentum=0.3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.0, -1.0, 3.0]))
+    x = whole.clone().requires_grad_(True)
+    y = bn(x)
+    (y * weights).sum().backward()
+    parts = [load(tmp_path, rank) for rank in range(2)]
+    torch.testing.assert_close(torch.cat([p["y"] for p in parts]), y.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat([p["grad_x"] for p in parts]), x.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(parts[0]["grad_weight"] + parts[1]["grad_weight"], bn.weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(parts[0]["grad_bias"] + parts[1]["grad_bias"], bn.bias.grad, rtol=1e-4, atol=1e-4)
+    for part in parts:
+        torch.testing.assert_close(part["running_mean"], bn.running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(part["running_var"], bn.running_var, rtol=1e-5, atol=1e-6)
+
+
+def test_named_parameters_must_name_every_parameter_once():
+    import ringreduce.torch as rr
+    from ringreduce.torch.optimizer import _parameter_names
+
+    a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
+    groups = [{"params": [a, b]}]
+    with pytest.raises(ValueError, match="duplicate names: w"):
+        _parameter_names(groups, [("w", a), ("w", b)])
+    with pytest.raises(ValueError, match=r"does not name 1 of the optimizer's parameters \(positions \[1\]"):
+        _parameter_names(groups, [("w", a)])
+    assert rr.DistributedOptimizer is not None
+
+
+def test_digits_example_reaches_95_percent(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "ringreduce.launcher", "-np", "2", sys.executable,
+         os.path.join(EXAMPLES, "pytorch_digits.py"), "--checkpoint", str(tmp_path / "digits.pt")],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = [line for line in result.stdout.splitlines() if "test accuracy" in line][-1]
+    accuracy = float(final.split("test accuracy")[1].split("%")[0])
+    assert accuracy >= 95.0, final
+    assert (tmp_path / "digits.pt").exists()

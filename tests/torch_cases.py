@@ -1,0 +1,35 @@
+"""The model and data of the PyTorch tests: the workers train with them on their shard, the
+tests train the single-process reference with the whole batch."""
+
+import torch
+
+BATCH, FEATURES, CLASSES, STEPS = 32, 8, 4, 5
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+
+
+def data():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, FEATURES, generator=generator), torch.randint(0, CLASSES, (BATCH,), generator=generator)
+
+
+def optimizer(kind, parameters):
+    if kind == "adam":
+        return torch.optim.Adam(parameters, lr=0.01)
+    return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
+
+
+def train(net, opt, batches_per_step):
+    """STEPS steps; each step runs backward on `batches_per_step` consecutive slices of the data
+    (each loss divided by their number, so that their gradients add up to the mean's)."""
+    inputs, labels = data()
+    for _ in range(STEPS):
+        opt.zero_grad()
+        for x, y in batches_per_step:
+            loss = torch.nn.functional.cross_entropy(net(inputs[x:y]), labels[x:y]) / len(batches_per_step)
+            loss.backward()
+        opt.step()
+    return {name: p.detach().clone() for name, p in net.named_parameters()}

@@ -1,0 +1,138 @@
+"""The rest of ringreduce.torch under real ranks. Usage: torch_misc.py MODE OUT_DIR"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import ringreduce.torch as rr  # noqa: E402
+
+rr.init()
+rank, size = rr.rank(), rr.size()
+mode, out = sys.argv[1], sys.argv[2]
+
+
+def save(obj):
+    torch.save(obj, os.path.join(out, f"rank{rank}.pt"))
+
+
+def report(**values):
+    print("REPORT " + json.dumps(values), flush=True)
+
+
+if mode == "collectives":
+    results = {}
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float16):
+        results[f"allreduce-{dtype}"] = rr.allreduce(torch.arange(6, dtype=dtype) * (rank + 1), op=rr.Sum)
+    in_place = torch.full((3, 2), float(rank))
+    assert rr.allreduce_(in_place, op=rr.Max) is in_place
+    results["allreduce_"] = in_place
+    bf16 = torch.full((4,), rank + 1.5, dtype=torch.bfloat16)
+    rr.allreduce_(bf16, op=rr.Sum)
+    results["allreduce_-bf16"] = bf16
+    results["grouped"] = rr.grouped_allreduce([torch.ones(2) * rank, torch.ones(3) * rank], op=rr.Sum)
+    results["allgather"] = rr.allgather(torch.full((rank + 1, 2), rank, dtype=torch.int32))
+    results["broadcast"] = rr.broadcast(torch.arange(4.0) + rank, root_rank=1)
+    target = torch.arange(4.0) + rank
+    rr.broadcast_(target, root_rank=1)
+    results["broadcast_"] = target
+    results["alltoall"] = rr.alltoall(torch.arange(2 * size) + 10 * rank)
+    results["alltoall-splits"] = rr.alltoall(torch.arange(3) + 10 * rank, splits=[1, 2] if rank == 0 else [2, 1])
+    results["reducescatter"] = rr.reducescatter(torch.ones(2 * size + 1, 2) * (rank + 1), op=rr.Sum)
+    handle = rr.allreduce_async(torch.ones(2), op=rr.Sum)
+    results["async"] = rr.synchronize(handle)
+    results["poll"] = rr.poll(handle)
+    save(results)
+
+elif mode == "overlap":
+    class SlowBackward(torch.autograd.Function):
+        """Stands for the expensive early layers: backward takes a while here."""
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(0.3)
+            return grad
+
+    class Probe(torch.autograd.Function):
+        """At the input: its backward runs when backward has finished with every layer."""
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(rr.engine_stats()["tensors"] - before)
+            return grad
+
+    first, last = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+    params = [("first.weight", first.weight), ("first.bias", first.bias), ("last.weight", last.weight),
+              ("last.bias", last.bias)]
+    opt = rr.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params)
+    seen = []
+    rr.barrier()  # start backward together, as ranks in a training loop do
+    before = rr.engine_stats()["tensors"]
+    x = torch.randn(4, 8, requires_grad=True)
+    last(SlowBackward.apply(first(Probe.apply(x)))).sum().backward()
+    opt.step()
+    report(done_before_backward_ended=seen[0], done_after_step=rr.engine_stats()["tensors"] - before)
+
+elif mode == "broadcast":
+    torch.manual_seed(rank)  # every rank starts from a different model
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    adam = torch.optim.Adam(net.parameters(), lr=0.1)
+    net(torch.randn(5, 4) * (rank + 1)).sum().backward()
+    for _ in range(rank + 1):  # different moments and step counts
+        adam.step()
+    fresh = torch.optim.Adam(net.parameters(), lr=0.5 + rank)
+    rr.broadcast_optimizer_state(fresh, root_rank=0)  # before its first step
+    rr.broadcast_parameters(net.state_dict(), root_rank=0)
+    rr.broadcast_optimizer_state(adam, root_rank=0)
+    save({"model": net.state_dict(), "adam": adam.state_dict(), "fresh": fresh.state_dict()})
+
+elif mode == "unused":
+    torch.manual_seed(0)
+    used, sometimes, never = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    named = [(f"{m}.{n}", p) for m, mod in (("used", used), ("sometimes", sometimes), ("never", never))
+             for n, p in mod.named_parameters()]
+    opt = rr.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named)
+    for step in range(3):
+        opt.zero_grad()
+        x = torch.ones(2, 3) * (rank + 1)
+        loss = used(x).sum() + (sometimes(x).sum() if rank == 0 else 0)  # rank 1 never uses it
+        loss.backward()
+        opt.step()
+    report(never_grad_is_none=never.weight.grad is None)
+    save({name: p.detach() for name, p in named})
+
+elif mode == "mismatch":
+    net = torch.nn.Linear(4, 3 if rank == 0 else 5)
+    opt = rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
+    net(torch.ones(2, 4)).sum().backward()
+    try:
+        opt.step()
+    except rr.MismatchError as error:
+        report(error=str(error))
+
+elif mode == "syncbn":
+    torch.manual_seed(3)
+    whole = torch.randn(8, 3, 4, 4) * 2 + 1
+    weights = torch.randn(8, 3, 4, 4)
+    mine = slice(rank * 8 // size, (rank + 1) * 8 // size)
+    bn = rr.SyncBatchNorm(3, momentum=0.3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.0, -1.0, 3.0]))
+    x = whole[mine].clone().requires_grad_(True)
+    y = bn(x)
+    (y * weights[mine]).sum().backward()
+    save({"y": y.detach(), "grad_x": x.grad, "grad_weight": bn.weight.grad, "grad_bias": bn.bias.grad,
+          "running_mean": bn.running_mean, "running_var": bn.running_var})
+else:
+    raise SystemExit(f"unknown mode {mode}")

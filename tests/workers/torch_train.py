@@ -1,0 +1,24 @@
+"""Data-parallel training with ringreduce.torch on this rank's shard; saves the parameters.
+Usage: torch_train.py OPTIMIZER PASSES COMPRESSION OUT_DIR"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch_cases  # noqa: E402
+
+import ringreduce.torch as rr  # noqa: E402
+
+rr.init()
+kind, passes, compression, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+net = torch_cases.model()
+opt = rr.DistributedOptimizer(torch_cases.optimizer(kind, net.parameters()), named_parameters=net.named_parameters(),
+                              backward_passes_per_step=passes, compression=getattr(rr.Compression, compression))
+shard = torch_cases.BATCH // rr.size()
+start = rr.rank() * shard
+piece = shard // passes
+batches = [(start + i * piece, start + (i + 1) * piece) for i in range(passes)]
+params = torch_cases.train(net, opt, batches)
+torch.save(params, os.path.join(out, f"rank{rr.rank()}.pt"))
