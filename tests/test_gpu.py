@@ -32,6 +32,6 @@ def test_collectives_on_cupy_arrays(tmp_path):
         np.testing.assert_allclose(got["allreduce-fp16"], fp16, rtol=2e-3, atol=4e-3)
         np.testing.assert_array_equal(
             got["allreduce_-max"], cases.reference_reduce([cases.values(r, "float64", 33) for r in range(2)], "Max"))
-        np.testing.assert_array_equal(
-            got["allgather"], np.concatenate([cases.values(r, "int32", 2 * (r + 1)).reshape(r + 1, 2) for r in range(2)]))
+        gathered = [cases.values(r, "int32", 2 * (r + 1)).reshape(r + 1, 2) for r in range(2)]
+        np.testing.assert_array_equal(got["allgather"], np.concatenate(gathered))
         np.testing.assert_array_equal(got["broadcast_"], cases.values(0, "float32", 10))

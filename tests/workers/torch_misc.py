@@ -102,7 +102,7 @@ elif mode == "unused":
     named = [(f"{m}.{n}", p) for m, mod in (("used", used), ("sometimes", sometimes), ("never", never))
              for n, p in mod.named_parameters()]
     opt = rr.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named)
-    for step in range(3):
+    for _ in range(3):
         opt.zero_grad()
         x = torch.ones(2, 3) * (rank + 1)
         loss = used(x).sum() + (sometimes(x).sum() if rank == 0 else 0)  # rank 1 never uses it
