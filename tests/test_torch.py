@@ -92,6 +92,16 @@ def test_broadcast_makes_different_ranks_equal(tmp_path):
         assert got["fresh"] == root["fresh"]
 
 
+def test_lr_scheduler_and_clipping_between_synchronize_and_step(tmp_path):
+    job = run_job(2, "torch_misc.py", "scheduler-and-clipping", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert reports(job, rank) == [{"lrs": [0.1, 0.05, 0.025], "is_sgd": True, "keys": ["param_groups", "state"]}]
+    first, second = load(tmp_path, 0), load(tmp_path, 1)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
 def test_an_unused_parameter_does_not_hang(tmp_path):
     job = run_job(2, "torch_misc.py", "unused", tmp_path, timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]

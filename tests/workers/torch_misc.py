@@ -8,6 +8,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import torch_cases  # noqa: E402
 
 import ringreduce.torch as rr  # noqa: E402
 
@@ -119,6 +120,24 @@ elif mode == "mismatch":
         opt.step()
     except rr.MismatchError as error:
         report(error=str(error))
+
+elif mode == "scheduler-and-clipping":
+    net = torch_cases.model()
+    opt = rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    inputs, labels = torch_cases.data()
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(inputs[rank::size]), labels[rank::size]).backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.01)
+        with opt.skip_synchronize():
+            opt.step()
+        scheduler.step()
+    report(lrs=lrs, is_sgd=isinstance(opt, torch.optim.SGD), keys=sorted(opt.state_dict()))
+    save({name: p.detach() for name, p in net.named_parameters()})
 
 elif mode == "syncbn":
     torch.manual_seed(3)
