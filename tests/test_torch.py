@@ -28,6 +28,7 @@ def load(tmp_path, rank):
 @pytest.mark.parametrize("kind, passes, compression, tolerance", [
     ("sgd", 1, "none", 1e-5),
     ("adam", 1, "none", 1e-5),
+    ("adamw", 1, "none", 1e-5),
     ("sgd", 2, "none", 1e-5),
     ("sgd", 1, "fp16", 1e-3),
 ])

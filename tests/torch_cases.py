@@ -19,6 +19,8 @@ def data():
 def optimizer(kind, parameters):
     if kind == "adam":
         return torch.optim.Adam(parameters, lr=0.01)
+    if kind == "adamw":
+        return torch.optim.AdamW(parameters, lr=0.01, weight_decay=0.1)
     return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
 
 
