@@ -1,0 +1,216 @@
+"""The collective benchmark: ringreduce against MPI's own collectives and torch.distributed's
+gloo, in the same run and interleaved, with the floor a ring cannot go below.
+
+    rrun -np 2 python benchmarks/collectives.py [--max-mib 256] [--seconds-per-point 1.0]
+
+For allreduce, allgather, broadcast and reducescatter of float32 arrays from 4 KiB up, each
+implementation's result is checked against the expected values, then timed (median of
+repeated iterations after a warm-up). Reports time, algorithm bandwidth and bus bandwidth in
+the nccl-tests convention (busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
+reducescatter, 1 for broadcast), and for allreduce the ratio to the floor: the point-to-point
+transfers and the reductions a ring must do at that size, timed with bare mpi4py calls on
+buffers allocated once. Writes a table, benchmarks/results/collectives.json and
+benchmarks/results/collectives.png.
+"""
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import ringreduce as rr
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+              "reducescatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-mib", type=float, default=256)
+    parser.add_argument("--seconds-per-point", type=float, default=0.5)
+    args = parser.parse_args()
+    rr.init()
+    rank, size = rr.rank(), rr.size()
+    world = MPI.COMM_WORLD
+    start_gloo(rank, size)
+    sizes = [4096 * 4**i for i in range(12) if 4096 * 4**i <= args.max_mib * 2**20]
+    rows = []
+    for collective in ("allreduce", "allgather", "broadcast", "reducescatter"):
+        for nbytes in sizes:
+            count = nbytes // 4
+            implementations = candidates(collective, count, rank, size, world)
+            times = {name: [] for name in implementations}
+            for run, check in implementations.values():
+                check(run())  # correct before it is timed
+                run()  # warm-up
+            budget = time.perf_counter() + args.seconds_per_point * len(implementations)
+            for iteration in range(1, 201):
+                for name, (run, _) in implementations.items():  # interleaved
+                    world.Barrier()
+                    began = time.perf_counter()
+                    run()
+                    times[name].append(time.perf_counter() - began)
+                if world.bcast(iteration >= 3 and time.perf_counter() >= budget, root=0):  # rank 0's clock
+                    break
+            for name, values in times.items():
+                seconds = statistics.median(values)
+                algbw = nbytes / seconds / 1e9
+                rows.append({"collective": collective, "bytes": nbytes, "implementation": name,
+                             "seconds": seconds, "algbw_GBps": algbw,
+                             "busbw_GBps": algbw * BUS_FACTOR[collective](size), "iterations": len(values)})
+    if rank == 0:
+        report(rows, size)
+
+
+def candidates(collective, count, rank, size, world):
+    """{name: (run, check)} for this collective at this size."""
+    mine = np.full(count, rank + 1, dtype=np.float32)
+    tensor = torch.from_numpy(mine.copy())
+    total = size * (size + 1) / 2
+
+    def equals(expected):
+        def check(result):
+            assert np.all(np.asarray(result) == expected), f"{collective}: wrong result"
+        return check
+
+    if collective == "allreduce":
+        out = np.empty_like(mine)
+        floor = RingFloor(count, size, world)
+        return {
+            "ringreduce": (lambda: rr.allreduce(mine, op=rr.Sum, name="bench"), equals(total)),
+            "MPI Allreduce": (lambda: world.Allreduce(mine, out, op=MPI.SUM) or out, equals(total)),
+            "gloo": (lambda: gloo(dist.all_reduce, tensor, mine), equals(total)),
+            "floor (ring's transfers and adds)": (floor.run, lambda _: None),
+        }
+    if collective == "allgather":
+        gathered = np.empty(count * size, dtype=np.float32)
+        pieces = [torch.empty(count) for _ in range(size)]
+        expected = np.repeat(np.arange(1, size + 1, dtype=np.float32), count)
+        return {
+            "ringreduce": (lambda: rr.allgather(mine, name="bench"), equals(expected)),
+            "MPI Allgather": (lambda: world.Allgather(mine, gathered) or gathered, equals(expected)),
+            "gloo": (lambda: dist.all_gather(pieces, tensor) or torch.cat(pieces).numpy(), equals(expected)),
+        }
+    if collective == "broadcast":
+        buffer = mine.copy()
+        return {
+            "ringreduce": (lambda: rr.broadcast(mine, root_rank=0, name="bench"), equals(1.0)),
+            "MPI Bcast": (lambda: world.Bcast(buffer, root=0) or buffer, equals(1.0)),
+            "gloo": (lambda: dist.broadcast(tensor, src=0) or tensor.numpy(), equals(1.0)),
+        }
+    share = count // size
+    rows = mine[:share * size].reshape(size, share)
+    out = np.empty(share, dtype=np.float32)
+    return {
+        "ringreduce": (lambda: rr.reducescatter(rows, op=rr.Sum, name="bench"), equals(total)),
+        "MPI Reduce_scatter": (lambda: world.Reduce_scatter_block(rows, out, op=MPI.SUM) or out, equals(total)),
+        "gloo (all_reduce: gloo has no reduce_scatter)": (lambda: _gloo_reducescatter(rows, rank, share),
+                                                           equals(total)),
+    }
+
+
+def _gloo_reducescatter(rows, rank, share):
+    tensor = torch.from_numpy(rows.reshape(-1).copy())
+    dist.all_reduce(tensor)
+    return tensor[rank * share:(rank + 1) * share].numpy()
+
+
+def gloo(operation, tensor, source):
+    tensor.copy_(torch.from_numpy(source))
+    operation(tensor)
+    return tensor.numpy()
+
+
+class RingFloor:
+    """What a 2(n-1)-step ring must do at least: each step sends and receives one segment
+    (a single Sendrecv on buffers allocated once) and, in its first half, adds one segment."""
+
+    def __init__(self, count, size, world):
+        self.world, self.size = world, size
+        segment = max(count // size, 1)
+        self.send = np.ones(segment, dtype=np.float32)
+        self.recv = np.empty(segment, dtype=np.float32)
+        self.accumulator = np.ones(segment, dtype=np.float32)
+        self.right, self.left = (world.rank + 1) % size, (world.rank - 1) % size
+
+    def run(self):
+        for step in range(2 * (self.size - 1)):
+            self.world.Sendrecv(self.send, self.right, recvbuf=self.recv, source=self.left)
+            if step < self.size - 1:
+                np.add(self.accumulator, self.recv, out=self.accumulator)
+
+
+def start_gloo(rank, size):
+    """torch.distributed on gloo, in the same processes, for the comparison."""
+    address = rr.broadcast_object((socket.gethostbyname(socket.gethostname()) if rr.local_size() < size
+                                   else "127.0.0.1", _free_port()) if rank == 0 else None, root_rank=0)
+    dist.init_process_group("gloo", init_method=f"tcp://{address[0]}:{address[1]}", rank=rank, world_size=size)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def report(rows, size):
+    print(f"Collective benchmark: {size} ranks, float32, median times; busbw in the nccl-tests convention")
+    print(f"{'collective':13s} {'size':>9s} {'implementation':47s} {'time':>10s} {'busbw GB/s':>10s} "
+          f"{'vs ringreduce':>13s}")
+    ours = {(r["collective"], r["bytes"]): r["seconds"] for r in rows if r["implementation"] == "ringreduce"}
+    for row in rows:
+        ratio = row["seconds"] / ours[(row["collective"], row["bytes"])]
+        print(f"{row['collective']:13s} {_size(row['bytes']):>9s} {row['implementation']:47s} "
+              f"{_duration(row['seconds']):>10s} {row['busbw_GBps']:10.2f} {ratio:12.2f}x")
+    os.makedirs(RESULTS, exist_ok=True)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, " \
+              f"{MPI.Get_library_version().splitlines()[0].strip()}"
+    with open(os.path.join(RESULTS, "collectives.json"), "w") as f:
+        json.dump({"ranks": size, "machine": machine, "rows": rows}, f, indent=1)
+    plot(rows, size, machine)
+
+
+def plot(rows, size, machine):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    collectives = ["allreduce", "allgather", "broadcast", "reducescatter"]
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    for axis, collective in zip(axes.flat, collectives, strict=True):
+        for name in sorted({r["implementation"] for r in rows if r["collective"] == collective}):
+            points = [(r["bytes"], r["busbw_GBps"]) for r in rows
+                      if r["collective"] == collective and r["implementation"] == name]
+            axis.plot(*zip(*points, strict=True), marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_title(collective)
+        axis.set_ylabel("bus bandwidth (GB/s)")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    for axis in axes[1]:
+        axis.set_xlabel("message size (bytes)")
+    figure.suptitle(f"{size} ranks on one host: {machine}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(os.path.join(RESULTS, "collectives.png"), dpi=100)
+
+
+def _size(nbytes):
+    return f"{nbytes / 2**20:g} MiB" if nbytes >= 2**20 else f"{nbytes // 1024} KiB"
+
+
+def _duration(seconds):
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
+
+
+if __name__ == "__main__":
+    main()
