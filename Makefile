@@ -35,7 +35,9 @@ examples: install
 		echo "== $$example"; $(RRUN) -np $(NP) $(PYTHON) $$example; done
 
 bench: install
+	$(RRUN) -np $(NP) $(PYTHON) benchmarks/collectives.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
+	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py
 	$(RRUN) -np $(NP) $(PYTHON) examples/pytorch_synthetic_benchmark.py
 

@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from gloo import start_gloo
 from mpi4py import MPI
 
 import ringreduce as rr
@@ -37,14 +37,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-mib", type=float, default=256)
     parser.add_argument("--seconds-per-point", type=float, default=0.5)
+    parser.add_argument("--collectives", default="allreduce,allgather,broadcast,reducescatter",
+                        help="comma-separated subset to run")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from the saved JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        with open(os.path.join(RESULTS, "collectives.json")) as f:
+            saved = json.load(f)
+        plot(saved["rows"], saved["ranks"], saved["machine"])
+        return
     rr.init()
     rank, size = rr.rank(), rr.size()
     world = MPI.COMM_WORLD
     start_gloo(rank, size)
     sizes = [4096 * 4**i for i in range(12) if 4096 * 4**i <= args.max_mib * 2**20]
     rows = []
-    for collective in ("allreduce", "allgather", "broadcast", "reducescatter"):
+    for collective in args.collectives.split(","):
         for nbytes in sizes:
             count = nbytes // 4
             implementations = candidates(collective, count, rank, size, world)
@@ -149,19 +157,6 @@ class RingFloor:
                 np.add(self.accumulator, self.recv, out=self.accumulator)
 
 
-def start_gloo(rank, size):
-    """torch.distributed on gloo, in the same processes, for the comparison."""
-    address = rr.broadcast_object((socket.gethostbyname(socket.gethostname()) if rr.local_size() < size
-                                   else "127.0.0.1", _free_port()) if rank == 0 else None, root_rank=0)
-    dist.init_process_group("gloo", init_method=f"tcp://{address[0]}:{address[1]}", rank=rank, world_size=size)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def report(rows, size):
     print(f"Collective benchmark: {size} ranks, float32, median times; busbw in the nccl-tests convention")
     print(f"{'collective':13s} {'size':>9s} {'implementation':47s} {'time':>10s} {'busbw GB/s':>10s} "
@@ -172,8 +167,8 @@ def report(rows, size):
         print(f"{row['collective']:13s} {_size(row['bytes']):>9s} {row['implementation']:47s} "
               f"{_duration(row['seconds']):>10s} {row['busbw_GBps']:10.2f} {ratio:12.2f}x")
     os.makedirs(RESULTS, exist_ok=True)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, " \
-              f"{MPI.Get_library_version().splitlines()[0].strip()}"
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {library}"
     with open(os.path.join(RESULTS, "collectives.json"), "w") as f:
         json.dump({"ranks": size, "machine": machine, "rows": rows}, f, indent=1)
     plot(rows, size, machine)
@@ -185,13 +180,13 @@ def plot(rows, size, machine):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    collectives = ["allreduce", "allgather", "broadcast", "reducescatter"]
+    collectives = sorted({r["collective"] for r in rows})
     figure, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
-    for axis, collective in zip(axes.flat, collectives, strict=True):
+    for axis, collective in zip(axes.flat, collectives, strict=False):
         for name in sorted({r["implementation"] for r in rows if r["collective"] == collective}):
             points = [(r["bytes"], r["busbw_GBps"]) for r in rows
                       if r["collective"] == collective and r["implementation"] == name]
-            axis.plot(*zip(*points, strict=True), marker="o", label=name)
+            axis.plot(*zip(*points, strict=True), marker="o", label=name, color=_colour(name))
         axis.set_xscale("log", base=2)
         axis.set_title(collective)
         axis.set_ylabel("bus bandwidth (GB/s)")
@@ -202,6 +197,14 @@ def plot(rows, size, machine):
     figure.suptitle(f"{size} ranks on one host: {machine}", fontsize=9)
     figure.tight_layout()
     figure.savefig(os.path.join(RESULTS, "collectives.png"), dpi=100)
+
+
+def _colour(name):
+    """The same colour for an implementation in every panel."""
+    for prefix, colour in (("ringreduce", "tab:red"), ("MPI", "tab:blue"), ("gloo", "tab:orange")):
+        if name.startswith(prefix):
+            return colour
+    return "tab:gray"
 
 
 def _size(nbytes):

@@ -25,45 +25,53 @@ parser.add_argument("--num-warmup-batches", type=int, default=3)
 parser.add_argument("--num-batches-per-iter", type=int, default=5)
 parser.add_argument("--num-iters", type=int, default=5)
 parser.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16")
-args = parser.parse_args()
-
-rr.init()
-torch.manual_seed(rr.rank())
-torch.set_num_threads(max(1, (os.cpu_count() or 1) // rr.local_size()))
-
-model = torch.nn.Sequential(
-    torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-    torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-    torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-    torch.nn.Flatten(), torch.nn.Linear(128, 10),
-)
-compression = rr.Compression.fp16 if args.fp16_allreduce else rr.Compression.none
-optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * rr.size()),
-                                    named_parameters=model.named_parameters(), compression=compression)
-rr.broadcast_parameters(model.state_dict(), root_rank=0)
-
-data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-target = torch.randint(0, 10, (args.batch_size,))
 
 
-def benchmark_step():
-    optimizer.zero_grad()
-    F.cross_entropy(model(data), target).backward()
-    optimizer.step()
+def small_cnn():
+    """The benchmark's model: three convolutions and a classifier, 94 K parameters."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(128, 10),
+    )
 
 
-for _ in range(args.num_warmup_batches):
-    benchmark_step()
-rates = []
-for iteration in range(args.num_iters):
-    start = time.perf_counter()
-    for _ in range(args.num_batches_per_iter):
+def main():
+    args = parser.parse_args()
+    rr.init()
+    torch.manual_seed(rr.rank())
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // rr.local_size()))
+    model = small_cnn()
+    compression = rr.Compression.fp16 if args.fp16_allreduce else rr.Compression.none
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * rr.size()),
+                                        named_parameters=model.named_parameters(), compression=compression)
+    rr.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, 10, (args.batch_size,))
+
+    def benchmark_step():
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+
+    for _ in range(args.num_warmup_batches):
         benchmark_step()
-    rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - start)
-    rates.append(rate)
+    rates = []
+    for iteration in range(args.num_iters):
+        start = time.perf_counter()
+        for _ in range(args.num_batches_per_iter):
+            benchmark_step()
+        rate = args.batch_size * args.num_batches_per_iter / (time.perf_counter() - start)
+        rates.append(rate)
+        if rr.rank() == 0:
+            print(f"iteration {iteration}: {rate:.1f} img/sec per rank")
+    total = rr.allreduce(torch.tensor([statistics.mean(rates)], dtype=torch.float64), op=rr.Sum, name="rates").item()
     if rr.rank() == 0:
-        print(f"iteration {iteration}: {rate:.1f} img/sec per rank")
-total = rr.allreduce(torch.tensor([statistics.mean(rates)], dtype=torch.float64), op=rr.Sum, name="rates").item()
-if rr.rank() == 0:
-    print(f"img/sec per rank: {statistics.mean(rates):.1f} +- {statistics.pstdev(rates):.1f}")
-    print(f"total img/sec on {rr.size()} rank(s): {total:.1f}")
+        print(f"img/sec per rank: {statistics.mean(rates):.1f} +- {statistics.pstdev(rates):.1f}")
+        print(f"total img/sec on {rr.size()} rank(s): {total:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Training benchmark: the synthetic CNN of examples/pytorch_synthetic_benchmark.py, trained
+with ringreduce's DistributedOptimizer and with torch DistributedDataParallel on gloo, same
+model, same batch per rank, one thread per rank; and, as the reference for efficiency, one
+plain process (no communication) using every core of the node on the global batch.
+
+    rrun -np 2 python benchmarks/training.py
+
+The two distributed variants alternate in rounds; the plain process runs on rank 0 while the
+other ranks wait. Prints images per second, DDP's and the plain process's ratios, and writes
+benchmarks/results/training.json.
+"""
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from gloo import start_gloo
+from torch.nn.parallel import DistributedDataParallel
+
+import ringreduce.torch as rr
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from pytorch_synthetic_benchmark import small_cnn  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--steps-per-round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    rr.init()
+    rank, size = rr.rank(), rr.size()
+    start_gloo(rank, size)
+    torch.manual_seed(0)
+    data = torch.randn(args.batch_size, 3, 32, 32)
+    target = torch.randint(0, 10, (args.batch_size,))
+
+    plain_rate = None
+    if rank == 0:  # the reference: one process, all of the node's cores, the global batch
+        torch.set_num_threads(os.cpu_count() or 1)
+        plain_rate = images_per_second(*plain_trainer(data.repeat(size, 1, 1, 1), target.repeat(size)),
+                                       args.steps_per_round * args.rounds // 2)
+    rr.barrier()
+
+    torch.set_num_threads(1)
+    ours = ringreduce_trainer(data, target)
+    theirs = ddp_trainer(data, target)
+    rates = {"ringreduce": [], "DDP on gloo": []}
+    for _ in range(args.rounds):
+        for name, (step, images) in (("ringreduce", ours), ("DDP on gloo", theirs)):
+            rr.barrier()
+            rates[name].append(images_per_second(step, images, args.steps_per_round))
+    totals = {name: rr.allreduce(torch.tensor([statistics.median(r)], dtype=torch.float64), op=rr.Sum,
+                                 name=f"rate.{name}").item() for name, r in rates.items()}
+    if rank == 0:
+        report(totals, plain_rate, size, args)
+
+
+def plain_trainer(data, target):
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return _stepper(model, optimizer, data, target), len(data)
+
+
+def ringreduce_trainer(data, target):
+    model = small_cnn()
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                        named_parameters=model.named_parameters())
+    rr.broadcast_parameters(model.state_dict(), root_rank=0)
+    return _stepper(model, optimizer, data, target), len(data)
+
+
+def ddp_trainer(data, target):
+    model = DistributedDataParallel(copy.deepcopy(small_cnn()))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return _stepper(model, optimizer, data, target), len(data)
+
+
+def _stepper(model, optimizer, data, target):
+    def step():
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+    step()  # warm-up
+    return step
+
+
+def images_per_second(step, images, steps):
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return images * steps / (time.perf_counter() - start)
+
+
+def report(totals, plain_rate, size, args):
+    ours, theirs = totals["ringreduce"], totals["DDP on gloo"]
+    print(f"Training benchmark: small CNN (94 K parameters), batch {args.batch_size} per rank, {size} ranks "
+          "with 1 thread each")
+    print(f"  ringreduce DistributedOptimizer  {ours:8.1f} img/s")
+    print(f"  torch DDP on gloo                {theirs:8.1f} img/s   ringreduce / DDP = {ours / theirs:.2f}")
+    print(f"  one plain process, {os.cpu_count()} threads   {plain_rate:8.1f} img/s   efficiency = "
+          f"{ours / plain_rate:.2f} (ringreduce), {theirs / plain_rate:.2f} (DDP)")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "training.json"), "w") as f:
+        json.dump({"ranks": size, "batch_per_rank": args.batch_size, "images_per_second": totals,
+                   "plain_process_images_per_second": plain_rate}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
