@@ -55,6 +55,7 @@ def main():
         return [rr.allreduce(g, op=rr.Sum, name=f"grad.{i}") for i, g in enumerate(grads)]
 
     variants = {
+        "ringreduce allreduce of the concatenated buffer": lambda: [rr.allreduce(flat, op=rr.Sum, name="flat")],
         "ringreduce fused (async, backward order)": fused,
         "ringreduce one synchronous allreduce per tensor": one_at_a_time,
         "ringreduce fused, fp16 compression": lambda: fused(rr.Compression.fp16),
