@@ -6,6 +6,7 @@ bfloat16, which numpy lacks, travels as float32 and is converted back.
 
 import ringreduce as core
 import torch
+from ringreduce import runtime
 from ringreduce.compression import Compression
 
 
@@ -85,7 +86,7 @@ def allreduce_(tensor, op=None, name=None, compression=Compression.none, prescal
 
 def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
                       postscale_factor=1.0):
-    base = name or core.runtime.active().auto_name()
+    base = name or runtime.active().auto_name()
     handles = [allreduce_async(t, op, f"{base}.{i}", compression, prescale_factor, postscale_factor)
                for i, t in enumerate(tensors)]
     return [synchronize(h) for h in handles]
