@@ -9,7 +9,6 @@ import numpy as np
 
 from ringreduce.errors import UnsupportedDtypeError
 
-# Position + 1 is the dtype's code in the records the ranks compare (0: not supported).
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)
     for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
@@ -49,14 +48,6 @@ def check_dtype(array):
     if array.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise UnsupportedDtypeError(f"dtype {array.dtype} is not supported; use one of {names}")
-
-
-def dtype_code(dtype):
-    return SUPPORTED_DTYPES.index(dtype) + 1 if dtype in SUPPORTED_DTYPES else 0
-
-
-def dtype_from_code(code):
-    return SUPPORTED_DTYPES[code - 1]
 
 
 def fresh_copy(array):

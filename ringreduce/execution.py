@@ -39,7 +39,7 @@ class Executor:
         message = responses[0].message
         op = ReduceOp(message.op)
         wire = compression.by_name(message.compression).wire_dtype(message.dtype)
-        outputs = [r.output if r is not None else _identity(m.message, op, m.message.shape)
+        outputs = [r.output if r is not None else _identity(m.message, op)
                    for m, r in zip(responses, requests, strict=True)]
         if len(responses) == 1 and wire == np.dtype(message.dtype) and not on_device(outputs[0]):
             return self._allreduce_alone(responses[0], requests[0], outputs[0], op)
@@ -167,5 +167,5 @@ def _identity_value(op, dtype):
     return info.max if op == ReduceOp.MIN else info.min
 
 
-def _identity(message, op, shape):
-    return np.full(shape, _identity_value(op, message.dtype), dtype=message.dtype)
+def _identity(message, op):
+    return np.full(message.shape, _identity_value(op, message.dtype), dtype=message.dtype)

@@ -209,7 +209,9 @@ class Negotiator:
             now - min(e.arrival.values()) >= self.stall_shutdown_seconds for e in self.table.values())
 
     def _arrive(self, name, rank, message, now):
-        entry = self.table.get(name) or self.table.setdefault(name, Entry(self.cycles))
+        entry = self.table.get(name)
+        if entry is None:
+            entry = self.table[name] = Entry(self.cycles)
         entry.messages[rank] = message
         entry.arrival.setdefault(rank, now)
 

@@ -50,27 +50,23 @@ if mode == "collectives":
     save(results)
 
 elif mode == "overlap":
-    class SlowBackward(torch.autograd.Function):
-        """Stands for the expensive early layers: backward takes a while here."""
+    class Tap(torch.autograd.Function):
+        """The identity, running `action` when backward reaches it."""
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx, x, action):
+            ctx.action = action
             return x.clone()
 
         @staticmethod
         def backward(ctx, grad):
-            time.sleep(0.3)
-            return grad
+            ctx.action()
+            return grad, None
 
-    class Probe(torch.autograd.Function):
-        """At the input: its backward runs when backward has finished with every layer."""
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
+    def slow_early_layers():  # stands for the expensive early layers of a real network
+        time.sleep(0.3)
 
-        @staticmethod
-        def backward(ctx, grad):
-            seen.append(rr.engine_stats()["tensors"] - before)
-            return grad
+    def backward_finished():  # the tap at the input runs after every layer's backward
+        seen.append(rr.engine_stats()["tensors"] - before)
 
     first, last = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
     params = [("first.weight", first.weight), ("first.bias", first.bias), ("last.weight", last.weight),
@@ -80,7 +76,7 @@ elif mode == "overlap":
     rr.barrier()  # start backward together, as ranks in a training loop do
     before = rr.engine_stats()["tensors"]
     x = torch.randn(4, 8, requires_grad=True)
-    last(SlowBackward.apply(first(Probe.apply(x)))).sum().backward()
+    last(Tap.apply(first(Tap.apply(x, backward_finished)), slow_early_layers)).sum().backward()
     opt.step()
     report(done_before_backward_ended=seen[0], done_after_step=rr.engine_stats()["tensors"] - before)
 
