@@ -7,16 +7,24 @@ follow Horovod's where Horovod has the same knob.
 import dataclasses
 import os
 
-ALGORITHMS = ("ring", "mpi")
+ALGORITHMS = ("auto", "ring", "shm", "mpi")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    # "ring": ringreduce's own algorithms; "mpi": the MPI library's collectives (the baseline).
-    algorithm: str = "ring"
+    # "auto": chosen per call by size and topology; "ring": the ring over MPI point-to-point;
+    # "shm": shared memory inside each host; "mpi": the MPI library's collectives (the baseline).
+    algorithm: str = "auto"
     # Large transfers are split into pieces of this many bytes so that the reduction of one
     # piece overlaps the transfer of the next.
     pipeline_chunk_bytes: int = 4 << 20
+    # Each rank's share of the shared-memory segment: data crosses it in pieces of this size.
+    shared_memory_piece_bytes: int = 1 << 20
+    # Allreduce across hosts as shared memory inside each host plus a ring across hosts.
+    # None: whenever the job spans hosts with the same number of ranks each.
+    hierarchical: bool | None = None
+    # Treat the ranks as this many hosts (consecutive groups), to test cross-host paths on one.
+    simulated_hosts: int | None = None
     # The longest a request that is ready on every rank waits for the engine's next cycle.
     cycle_time_ms: float = 1.0
     # How many negotiated requests the engine remembers, so repeats need one bit, not a message.
@@ -33,10 +41,17 @@ class Config:
         algorithm = environ.get("RINGREDUCE_ALGORITHM", cls.algorithm).strip().lower()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"RINGREDUCE_ALGORITHM={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        hierarchical = _switch(environ, "RINGREDUCE_HIERARCHICAL")
+        if hierarchical and algorithm in ("ring", "mpi"):
+            raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not {algorithm}")
         return cls(
             algorithm=algorithm,
             pipeline_chunk_bytes=_number(environ, "RINGREDUCE_PIPELINE_CHUNK_BYTES", cls.pipeline_chunk_bytes,
                                          int, minimum=1),
+            shared_memory_piece_bytes=_number(environ, "RINGREDUCE_SHM_PIECE_BYTES",
+                                              cls.shared_memory_piece_bytes, int, minimum=64),
+            hierarchical=hierarchical,
+            simulated_hosts=_number(environ, "RINGREDUCE_SIMULATED_HOSTS", None, int, minimum=1),
             cycle_time_ms=_number(environ, "RINGREDUCE_CYCLE_TIME", cls.cycle_time_ms, float, minimum=0),
             cache_capacity=_number(environ, "RINGREDUCE_CACHE_CAPACITY", cls.cache_capacity, int, minimum=0),
             fusion_threshold_bytes=_number(environ, "RINGREDUCE_FUSION_THRESHOLD", cls.fusion_threshold_bytes,
@@ -45,8 +60,7 @@ class Config:
             stall_check_seconds=_number(environ, "RINGREDUCE_STALL_CHECK_TIME", cls.stall_check_seconds,
                                         float, minimum=0),
             stall_shutdown_seconds=_number(environ, "RINGREDUCE_STALL_SHUTDOWN_TIME", None, float, minimum=0),
-            straggler_report=environ.get("RINGREDUCE_STRAGGLER_REPORT", "0").strip().lower()
-            in ("1", "true", "yes", "on"),
+            straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
         )
 
 
@@ -62,3 +76,15 @@ def _number(environ, name, default, kind, minimum):
         what = "whole number" if kind is int else "number"
         raise ValueError(f"{name}={text!r} must be a {what} of at least {minimum}")
     return value
+
+
+def _switch(environ, name):
+    """True, False, or None when the variable is unset or empty."""
+    text = environ.get(name, "").strip().lower()
+    if not text:
+        return None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={environ[name]!r} must be 1 or 0 (or true/false, yes/no, on/off)")

@@ -31,8 +31,12 @@ IDLE_SECONDS = 0.1
 
 
 class Engine:
-    def __init__(self, comm, algorithms, config, timeline):
+    def __init__(self, comm, algorithms, config, timeline, sub_comms=()):
+        """`algorithms` run on `comm` and on `sub_comms` (derived from it), which the engine frees
+        with it at shutdown."""
         self.comm = comm
+        self.algorithms = algorithms
+        self.sub_comms = list(sub_comms)
         self.rank, self.size = comm.rank, comm.size
         self.config = config
         self.timeline = timeline
@@ -217,7 +221,9 @@ class Engine:
             handle.finish(error=failure)
 
     def _finish_shutdown(self):
-        self.comm.Free()
+        self.algorithms.close()
+        for comm in self.sub_comms + [self.comm]:
+            comm.Free()
         self._shutdown_handle.finish()
 
     @property

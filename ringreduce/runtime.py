@@ -12,13 +12,11 @@ from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
 from ringreduce import algorithms, launched, topology
-from ringreduce.arrays import Workspace
 from ringreduce.config import Config
 from ringreduce.engine import Engine
 from ringreduce.errors import NotInitializedError, RingReduceError
 from ringreduce.requests import Handle
 from ringreduce.timeline import NoTimeline, Timeline
-from ringreduce.transports import MPITransport
 
 _active = None
 _hooks_installed = False
@@ -27,12 +25,12 @@ _hooks_installed = False
 class Runtime:
     def __init__(self, comm, config):
         self.config = config
-        self.topology = topology.discover(comm)
         engine_comm = comm.Dup()
-        transport = MPITransport(engine_comm)
+        self.topology, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
+        chosen = algorithms.select(config, self.topology, engine_comm, host_comm, cross_comm)
         timeline = Timeline(config.timeline, self.topology.rank) if config.timeline and \
             self.topology.rank == 0 else NoTimeline()
-        self.engine = Engine(engine_comm, algorithms.select(config, transport, Workspace()), config, timeline)
+        self.engine = Engine(engine_comm, chosen, config, timeline, [host_comm, cross_comm])
         self.failing = False
         self._names = 0
         self._names_lock = threading.Lock()

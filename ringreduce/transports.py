@@ -15,20 +15,25 @@ YIELD_SECONDS = 200e-6
 MAX_SLEEP_SECONDS = 1e-3
 
 
-def wait_all(requests):
-    """Wait until every request completes without holding a core: poll, yielding the core to any
-    other runnable process, for a short while (partners usually arrive within microseconds), then
+def wait_until(done):
+    """Return once done() is true, without holding a core: poll, yielding the core to any other
+    runnable process, for a short while (partners usually arrive within microseconds), then
     sleep a quarter of the time waited so far, at most 1 ms: a late partner is noticed at most
     a quarter late, and a long wait costs one wake-up per millisecond."""
-    if MPI.Request.Testall(requests):
+    if done():
         return
     start = time.perf_counter()
     while time.perf_counter() - start < YIELD_SECONDS:
         os.sched_yield()
-        if MPI.Request.Testall(requests):
+        if done():
             return
-    while not MPI.Request.Testall(requests):
+    while not done():
         time.sleep(min((time.perf_counter() - start) / 4, MAX_SLEEP_SECONDS))
+
+
+def wait_all(requests):
+    """Wait until every MPI request completes (see wait_until)."""
+    wait_until(lambda: MPI.Request.Testall(requests))
 
 
 class MPITransport:

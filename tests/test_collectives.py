@@ -11,14 +11,23 @@ from launch import python_of, run_job
 
 pytestmark = pytest.mark.mpi
 
-# (name, ranks, environment, MPI): the ring at every size, then the other code paths at 3 ranks.
+# (name, ranks, environment, MPI): the default choice at every size, then each algorithm
+# family forced, in small pieces, across simulated hosts, and under Open MPI.
+SMALL_PIECES = {"RINGREDUCE_SHM_PIECE_BYTES": "12345", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}
 CONFIGS = [
-    ("ring-1", 1, {}, "mpich"),
-    ("ring-2", 2, {}, "mpich"),
-    ("ring-3", 3, {}, "mpich"),
-    ("ring-4", 4, {}, "mpich"),
+    ("auto-1", 1, {}, "mpich"),
+    ("auto-2", 2, {}, "mpich"),
+    ("auto-3", 3, {}, "mpich"),
+    ("auto-4", 4, {}, "mpich"),
+    ("ring-3", 3, {"RINGREDUCE_ALGORITHM": "ring"}, "mpich"),
+    ("ring-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "ring", **SMALL_PIECES}, "mpich"),
+    ("shm-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "shm", **SMALL_PIECES}, "mpich"),
     ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}, "mpich"),
-    ("pieces-3", 3, {"RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}, "mpich"),
+    # Two hosts of two ranks: the hierarchical allreduce (in small pieces: at every size).
+    ("hierarchical-4", 4, {"RINGREDUCE_SIMULATED_HOSTS": "2", "RINGREDUCE_ALGORITHM": "shm", **SMALL_PIECES},
+     "mpich"),
+    # Hosts of 2 and 1 ranks: no hierarchical allreduce, the flat ring across hosts.
+    ("uneven-hosts-3", 3, {"RINGREDUCE_SIMULATED_HOSTS": "2"}, "mpich"),
     ("openmpi-3", 3, {}, "openmpi"),
     ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi"),
 ]
@@ -140,9 +149,28 @@ def test_reducescatter_uneven_rows(job):
             start += rows
 
 
-def test_objects_and_topology(job):
+def expected_topology(size, hosts):
+    """[rank, size, local_rank, local_size, cross_rank, cross_size] of every rank, for ranks split
+    into `hosts` consecutive groups, the first ones one rank larger."""
+    per_host = [size // hosts + (h < size % hosts) for h in range(hosts)]
+    host_of = [h for h, n in enumerate(per_host) for _ in range(n)]
+    rows = []
+    for rank in range(size):
+        local_rank = host_of[:rank].count(host_of[rank])
+        same_local_rank = [h for h, n in enumerate(per_host) if n > local_rank]
+        rows.append([rank, size, local_rank, per_host[host_of[rank]],
+                     same_local_rank.index(host_of[rank]), len(same_local_rank)])
+    return rows
+
+
+def test_expected_topology_of_simulated_hosts():
+    assert expected_topology(3, 2) == [[0, 3, 0, 2, 0, 2], [1, 3, 1, 2, 0, 1], [2, 3, 0, 1, 1, 2]]
+
+
+def test_objects_and_topology(job, request):
     size, _, objects = job
+    hosts = int(dict(request.node.callspec.params["job"][2]).get("RINGREDUCE_SIMULATED_HOSTS", 1))
     for rank, got in enumerate(objects):
         assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]
         assert got["allgather_object"] == [{"rank": r, "text": "x" * r} for r in range(size)]
-        assert got["topology"] == [rank, size, rank, size, 0, 1]
+        assert got["topology"] == expected_topology(size, hosts)[rank]
