@@ -8,7 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from ringreduce.algorithms import pairwise, ring, tree
+from ringreduce.algorithms import SMALL_BYTES, pairwise, plan, ring, tree
+from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.config import Config
+from ringreduce.errors import RingReduceError
+from ringreduce.ops import ReduceOp
+from ringreduce.topology import Topology
 
 
 class _Sent:
@@ -47,14 +52,38 @@ class QueueTransport:
         self.wait([self.irecv(recvbuf, source), self.isend(sendbuf, dest)])
 
 
-def run_ranks(size, work):
-    """Run work(transport) on `size` threads; return each rank's result."""
+class ThreadSegment:
+    """The interface of ringreduce.shared_memory.Segment for threads: two data areas shared by
+    every rank of the host, used in turn, and a threading.Barrier."""
+
+    def __init__(self, rank, host):
+        self.rank, self.size = rank, host["size"]
+        self.area_bytes = host["areas"].shape[1]
+        self.host = host
+        self.uses = 0
+
+    def area(self, dtype, count):
+        area = self.host["areas"][self.uses % 2]
+        self.uses += 1
+        return area[:count * np.dtype(dtype).itemsize].view(dtype)
+
+    def barrier(self):
+        self.host["barrier"].wait(timeout=10)
+
+
+def shared_host(size, piece_bytes):
+    return {"size": size, "areas": np.zeros((2, size * piece_bytes), np.uint8), "barrier": threading.Barrier(size)}
+
+
+def run_ranks(size, work, make=None):
+    """Run work(transport) on `size` threads; return each rank's result. `make(rank, boxes)`
+    builds what a rank's work gets instead of a QueueTransport over every rank."""
     boxes = {pair: queue.Queue() for pair in itertools.product(range(size), repeat=2)}
     results, errors = [None] * size, []
 
     def one(rank):
         try:
-            results[rank] = work(QueueTransport(rank, size, boxes))
+            results[rank] = work(make(rank, boxes) if make else QueueTransport(rank, size, boxes))
         except BaseException as error:  # reported below, in the test's thread
             errors.append(error)
 
@@ -152,3 +181,111 @@ def test_even_counts():
     assert ring.even_counts(7, 3) == [3, 2, 2]
     assert ring.even_counts(2, 4) == [1, 1, 0, 0]
     assert ring.offsets_of([3, 0, 2]) == [0, 3, 3, 5]
+
+
+# The shared-memory algorithms, with pieces far smaller than the arrays so that every boundary
+# case of the piece loop runs (piece_bytes 24: 3 int64 elements per rank and piece).
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("piece_bytes", [24, 1 << 16])
+def test_shared_memory_allreduce(size, piece_bytes):
+    host = shared_host(size, piece_bytes)
+    for length in sorted({0, 1, size - 1, size + 1, 97}):
+        def work(segment, length=length):
+            buf = data(segment.rank, length)
+            SharedMemory(segment).allreduce(buf, ReduceOp.SUM)
+            return buf
+
+        expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
+        for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
+            np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_shared_memory_reducescatter_with_uneven_and_empty_segments(size):
+    counts = [(3 * r) % 4 for r in range(size)]
+    offsets = ring.offsets_of(counts)
+    host = shared_host(size, 16)
+
+    def work(segment):
+        return SharedMemory(segment).reducescatter(data(segment.rank, offsets[-1]), offsets, ReduceOp.MAX)
+
+    expected = np.max([data(r, offsets[-1]) for r in range(size)], axis=0)
+    for rank, got in enumerate(run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host))):
+        np.testing.assert_array_equal(got, expected[offsets[rank]:offsets[rank + 1]])
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_shared_memory_allgather_ragged_and_broadcast_from_every_root(size):
+    counts = [r % 3 + 2 * (r == 1) for r in range(size)]
+    offsets = ring.offsets_of(counts)
+    host = shared_host(size, 8)  # areas of size * 8 bytes: several windows per call
+
+    def work(segment):
+        gathered = np.zeros(offsets[-1], np.int64)
+        gathered[offsets[segment.rank]:offsets[segment.rank + 1]] = data(segment.rank, counts[segment.rank])
+        SharedMemory(segment).allgather(gathered, offsets)
+        broadcasts = []
+        for root in range(size):
+            buf = data(segment.rank, 29, np.float32)
+            SharedMemory(segment).broadcast(buf, root)
+            broadcasts.append(buf)
+        return gathered, broadcasts
+
+    expected = np.concatenate([data(r, counts[r]) for r in range(size)])
+    for gathered, broadcasts in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
+        np.testing.assert_array_equal(gathered, expected)
+        for root, got in enumerate(broadcasts):
+            np.testing.assert_array_equal(got, data(root, 29, np.float32))
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 1), (2, 2), (3, 2), (2, 3)])
+def test_hierarchical_allreduce(hosts, per_host):
+    """Shared memory inside each host, a ring among the ranks of the same local rank across hosts."""
+    size = hosts * per_host
+    segments = [shared_host(per_host, 24) for _ in range(hosts)]
+    cross_boxes = [{pair: queue.Queue() for pair in itertools.product(range(hosts), repeat=2)}
+                   for _ in range(per_host)]
+
+    def place(rank, _):
+        host, local = divmod(rank, per_host)
+        cross = QueueTransport(host, hosts, cross_boxes[local])
+        return rank, ThreadSegment(local, segments[host]), cross
+
+    def work(placed):
+        rank, segment, cross = placed
+        buf = data(rank, 101)
+        SharedMemory(segment, lambda b, op: ring.allreduce(cross, b, np.add, np.empty(len(b), np.int64), 4)
+                     ).allreduce(buf, ReduceOp.SUM)
+        return buf
+
+    expected = np.sum([data(r, 101) for r in range(size)], axis=0, dtype=np.int64)
+    for got in run_ranks(size, work, place):
+        np.testing.assert_array_equal(got, expected)
+
+
+def _topology(size, hosts, local_size, homogeneous=True):
+    return Topology(rank=0, size=size, local_rank=0, local_size=local_size, cross_rank=0,
+                    cross_size=hosts, hosts=hosts, homogeneous=homogeneous)
+
+
+@pytest.mark.parametrize("env, topology, expected", [
+    ({}, _topology(4, 1, 4), ("shm", "shm", SMALL_BYTES)),
+    ({}, _topology(1, 1, 1), ("ring", "ring", 0)),
+    ({}, _topology(8, 2, 4), ("hierarchical", "ring", SMALL_BYTES)),
+    ({}, _topology(4, 4, 1), ("ring", "ring", SMALL_BYTES)),  # one rank per host: nothing to share
+    ({}, _topology(3, 2, 2, homogeneous=False), ("ring", "ring", SMALL_BYTES)),
+    ({"RINGREDUCE_HIERARCHICAL": "0"}, _topology(8, 2, 4), ("ring", "ring", SMALL_BYTES)),
+    ({"RINGREDUCE_HIERARCHICAL": "1"}, _topology(4, 4, 1), ("hierarchical", "ring", SMALL_BYTES)),
+    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(4, 1, 4), ("shm", "shm", 0)),
+    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(8, 2, 4), ("hierarchical", "ring", 0)),
+    ({"RINGREDUCE_ALGORITHM": "ring"}, _topology(8, 2, 4), ("ring", "ring", 0)),
+    ({"RINGREDUCE_ALGORITHM": "mpi"}, _topology(4, 1, 4), ("mpi", "mpi", 0)),
+])
+def test_plan_by_topology_and_knobs(env, topology, expected):
+    chosen = plan(Config.from_env(env), topology)
+    assert (chosen["allreduce"], chosen["others"], chosen["small_bytes"]) == expected
+
+
+def test_forced_hierarchical_needs_equal_hosts():
+    with pytest.raises(RingReduceError, match="same number of ranks on every host"):
+        plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "1"}), _topology(3, 2, 2, homogeneous=False))

@@ -61,8 +61,6 @@ class Chosen:
         self.large_allreduce, self.large_others = allreduce, others
         self.small, self.small_bytes = small, small_bytes
         self.segment = segment
-        self.names = {"allreduce": _name(allreduce), "others": _name(others),
-                      "small": _name(small) if small_bytes else None, "small_bytes": small_bytes}
 
     def _pick(self, buf, large):
         return self.small if buf.nbytes < self.small_bytes else large
@@ -87,38 +85,41 @@ class Chosen:
             self.segment.close()
 
 
-def _name(family):
-    if isinstance(family, SharedMemory):
-        return "hierarchical" if family.cross_allreduce else "shm"
-    return "mpi" if isinstance(family, MPIAlgorithms) else "ring"
-
-
-def select(config, topology, comm, host_comm, cross_comm):
-    """The algorithms for this job, from RINGREDUCE_ALGORITHM and the topology.
+def plan(config, topology):
+    """Which family runs what, from RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL and the topology:
+    {"allreduce", "others", "alltoall": "ring" | "shm" | "hierarchical" | "mpi", "small_bytes"}.
 
     auto: MPI's own below SMALL_BYTES; above, on one host, shared memory for every collective;
-    across hosts, the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or the hosts run
-    different numbers of ranks) and the ring for the rest. shm: the same without the small-size
-    exception. ring and mpi: that family for everything.
+    across hosts, the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or hosts run
+    different numbers of ranks, or one each) and the ring for the rest. shm: the same without
+    the small-size exception. ring and mpi: that family for everything.
     """
-    mpi = MPIAlgorithms(MPITransport(comm))
-    if config.algorithm == "mpi":
-        return Chosen(mpi, mpi, mpi)
-    ring_family = RingAlgorithms(MPITransport(comm), config.pipeline_chunk_bytes)
-    flat = (ring_family, ring_family, ring_family)
-    if config.algorithm == "ring" or topology.size == 1:
-        return Chosen(*flat)
-    small = (mpi, SMALL_BYTES) if config.algorithm == "auto" else (None, 0)
+    if config.algorithm in ("mpi", "ring"):
+        return dict(allreduce=config.algorithm, others=config.algorithm, alltoall=config.algorithm, small_bytes=0)
+    small_bytes = SMALL_BYTES if config.algorithm == "auto" else 0
+    if topology.size == 1:
+        return dict(allreduce="ring", others="ring", alltoall="ring", small_bytes=0)
     if topology.hosts == 1:
-        segment = Segment(host_comm, topology.local_size * config.shared_memory_piece_bytes)
-        node = SharedMemory(segment)
-        return Chosen(node, node, ring_family, *small, segment=segment)
+        return dict(allreduce="shm", others="shm", alltoall="ring", small_bytes=small_bytes)
     if config.hierarchical and not topology.homogeneous:
         raise RingReduceError("RINGREDUCE_HIERARCHICAL=1 needs the same number of ranks on every host; "
                               f"this job's hosts run different numbers (this one {topology.local_size})")
-    if config.hierarchical is False or not topology.homogeneous or (
-            topology.local_size == 1 and not config.hierarchical):
-        return Chosen(*flat, *small)
-    segment = Segment(host_comm, topology.local_size * config.shared_memory_piece_bytes)
-    cross = RingAlgorithms(MPITransport(cross_comm), config.pipeline_chunk_bytes)
-    return Chosen(SharedMemory(segment, cross.allreduce), ring_family, ring_family, *small, segment=segment)
+    hierarchical = config.hierarchical or (
+        config.hierarchical is None and topology.homogeneous and topology.local_size > 1)
+    return dict(allreduce="hierarchical" if hierarchical else "ring", others="ring", alltoall="ring",
+                small_bytes=small_bytes)
+
+
+def select(config, topology, comm, host_comm, cross_comm):
+    """The algorithms that plan() names, built on this job's communicators."""
+    chosen = plan(config, topology)
+    families = {"mpi": MPIAlgorithms(MPITransport(comm)),
+                "ring": RingAlgorithms(MPITransport(comm), config.pipeline_chunk_bytes)}
+    segment = None
+    if {"shm", "hierarchical"} & set(chosen.values()):
+        segment = Segment(host_comm, topology.local_size * config.shared_memory_piece_bytes)
+        families["shm"] = SharedMemory(segment)
+        cross = RingAlgorithms(MPITransport(cross_comm), config.pipeline_chunk_bytes)
+        families["hierarchical"] = SharedMemory(segment, cross.allreduce)
+    return Chosen(families[chosen["allreduce"]], families[chosen["others"]], families[chosen["alltoall"]],
+                  families["mpi"], chosen["small_bytes"], segment)
