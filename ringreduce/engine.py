@@ -80,15 +80,21 @@ class Engine:
 
     def _run(self):
         try:
+            pace = True
             while True:
                 waiting = self._pending or self._join_handle or self._shutdown_handle
                 with self._wakeup:
-                    if not self._incoming:
+                    if not self._incoming and (pace or not waiting):
                         self._wakeup.wait(self.config.cycle_time_ms / 1000 if waiting else IDLE_SECONDS)
                     arrived = list(self._incoming)
                     self._incoming.clear()
-                if self._cycle(arrived).all_shut_down:
+                outcome, states = self._cycle(arrived)
+                if outcome.all_shut_down:
                     break
+                # A rank with nothing in flight joins the next cycle only when it gets a request
+                # (or ticks), so waiting for it costs no pace: start that cycle at once, and its
+                # request completes it. When every rank has something in flight, keep the pace.
+                pace = all(state.waiting for state in states)
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
             self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
             raise
@@ -119,7 +125,7 @@ class Engine:
         if outcome.stall_warning:
             sys.stderr.write(f"[rank {self.rank}] {outcome.stall_warning}\n")
             sys.stderr.flush()
-        return outcome
+        return outcome, states
 
     def _accept(self, item):
         if isinstance(item, tuple):
@@ -168,7 +174,8 @@ class Engine:
         row[0] = ((negotiation.ANNOUNCES if announce else 0)
                   | (negotiation.JOINED if self._join_handle is not None else 0)
                   | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0)
-                  | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0))
+                  | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0)
+                  | (negotiation.WAITING if self._pending or self._join_handle or self._shutdown_handle else 0))
         row[1:5].view(np.uint32)[0] = min(int(self._waited * 1e6), 2**32 - 1)
         for slot in slots:
             row[5 + slot // 8] |= 0x80 >> (slot % 8)

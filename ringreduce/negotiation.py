@@ -16,7 +16,7 @@ from ringreduce import agreement
 from ringreduce.agreement import ranks_text
 from ringreduce.errors import PeerExitedError, RingReduceError, StallError
 
-ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED = 1, 2, 4, 8
+ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING = 1, 2, 4, 8, 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,11 @@ class RankState:
     @property
     def stalled(self):
         return bool(self.flags & STALLED)
+
+    @property
+    def waiting(self):
+        """It has requests (or a join or shutdown) in flight."""
+        return bool(self.flags & WAITING)
 
 
 class Cache:

@@ -1,7 +1,9 @@
 """Running real jobs through the real rrun and MPI from a test, always with a timeout."""
 
+import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 
@@ -44,10 +46,22 @@ def rrun_command(np, worker, *args, rrun_args=(), python=sys.executable):
 
 
 def run_job(np, worker, *args, env=None, rrun_args=(), python=sys.executable, timeout=DEFAULT_TIMEOUT):
-    """Run `worker` on `np` ranks; a hang fails the test at `timeout` seconds."""
+    """Run `worker` on `np` ranks; a hang fails the test at `timeout` seconds, after rrun has been
+    asked to end the job (SIGTERM), and anything left of it has been killed."""
     full_env = dict(os.environ, **(env or {}))
-    result = subprocess.run(
-        rrun_command(np, worker, *args, rrun_args=rrun_args, python=python), capture_output=True, text=True,
-        timeout=timeout, env=full_env, stdin=subprocess.DEVNULL,
+    process = subprocess.Popen(
+        rrun_command(np, worker, *args, rrun_args=rrun_args, python=python), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=full_env, stdin=subprocess.DEVNULL, start_new_session=True,
     )
-    return Job(result.returncode, result.stdout, result.stderr)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.communicate(timeout=10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise
+    return Job(process.returncode, stdout, stderr)
