@@ -41,11 +41,21 @@ class OpenMPI:
         if job.network_interface:
             for key in ("btl_tcp_if_include", "oob_tcp_if_include"):
                 args += ["--mca", key, job.network_interface]
+        if not self._sets_osc(job):
+            # ringreduce's shared windows come from osc/sm; osc/ucx, where UCX offers no RMA
+            # transport (TCP-only hosts, containers), prints a spurious error on every rank.
+            args += ["--mca", "osc", "^ucx"]
         env = {name: os.environ[name] for name in self.carried_variables if name in os.environ}
         env.update(job.env)
         for name, value in env.items():
             args += ["-x", f"{name}={value}"]
         return args + job.mpi_args + job.rank_command
+
+    @staticmethod
+    def _sets_osc(job):
+        """Has the user chosen the one-sided components (in --mpi-args, -x or the environment)?"""
+        passed = any(a in ("--mca", "-mca") and b == "osc" for a, b in zip(job.mpi_args, job.mpi_args[1:]))
+        return passed or "OMPI_MCA_osc" in job.env or "OMPI_MCA_osc" in os.environ
 
 
 class MPICH:

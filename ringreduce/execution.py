@@ -13,7 +13,7 @@ import numpy as np
 
 from ringreduce import compression, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import like, on_device, to_host
+from ringreduce.arrays import RECYCLER, Workspace, like, on_device, to_host
 from ringreduce.ops import ReduceOp
 
 
@@ -23,6 +23,7 @@ class Executor:
         self.rank, self.size = rank, size
         self.timeline = timeline
         self.fusion_buffer = np.empty(0, dtype=np.uint8)  # grown once, reused for every fused group
+        self.workspace = Workspace()  # reducescatter's copy of its input
 
     def run(self, responses, requests):
         """Results for the requests (None for a joined rank's stand-in), or raise."""
@@ -67,15 +68,19 @@ class Executor:
         return outputs
 
     def _allreduce_alone(self, response, request, output, op):
-        """One tensor, no compression: reduce straight in its output, no fusion buffer."""
+        """One tensor, no compression: reduce straight into its output, no fusion buffer. An
+        unscaled contiguous input is read where it is, not copied into the output first."""
         message = response.message
         started = time.perf_counter()
+        flat, source = output.reshape(-1), None
         if request is not None and request.input is not output:
-            _copy_scaled(request.input, output, message.prescale)
+            if message.prescale == 1.0 and _readable_as(request.input, output):
+                source = request.input.reshape(-1)
+            else:
+                _copy_scaled(request.input, output, message.prescale)
         elif request is not None:
-            ops.scale(output.reshape(-1), message.prescale)
-        flat = output.reshape(-1)
-        self.algorithms.allreduce(flat, op)
+            ops.scale(flat, message.prescale)
+        self.algorithms.allreduce(flat, op, source)
         ops.finish(flat, op, self.size, message.postscale)
         self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
         return [output]
@@ -90,7 +95,7 @@ class Executor:
         message = response.message
         rows = [m.shape[0] for m in response.messages]
         row_offsets = offsets_of(rows)
-        result = np.empty((row_offsets[-1],) + message.shape[1:], dtype=message.dtype)
+        result = RECYCLER.empty((row_offsets[-1],) + message.shape[1:], message.dtype)
         result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = to_host(request.input)
         row_size = math.prod(message.shape[1:])
         self.algorithms.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
@@ -111,7 +116,7 @@ class Executor:
         array = to_host(request.input)
         row_size = math.prod(array.shape[1:])
         send = np.ascontiguousarray(array).reshape(-1)
-        result = np.empty((int(received_rows.sum()),) + array.shape[1:], dtype=array.dtype)
+        result = RECYCLER.empty((int(received_rows.sum()),) + array.shape[1:], array.dtype)
         self.algorithms.alltoallv(send, offsets_of(send_rows * row_size),
                                   result.reshape(-1), offsets_of(received_rows * row_size))
         result = like(result, request.input)
@@ -122,11 +127,13 @@ class Executor:
         op = ReduceOp(message.op)
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
-        work = np.empty(message.shape, dtype=message.dtype)
+        work = self.workspace.get(math.prod(message.shape), message.dtype).reshape(message.shape)
         _copy_scaled(request.input, work, message.prescale)
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op)
-        ops.finish(mine, op, self.size, message.postscale)
-        return like(mine.reshape((rows[self.rank],) + message.shape[1:]), request.input)
+        result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
+        np.copyto(result.reshape(-1), mine)
+        ops.finish(result.reshape(-1), op, self.size, message.postscale)
+        return like(result, request.input)
 
     def _barrier(self, response, request):
         return None
@@ -142,6 +149,11 @@ def _copy_scaled(source, target, factor):
         np.copyto(target, source, casting="unsafe")
     else:
         np.multiply(source, factor, out=target, casting="unsafe")
+
+
+def _readable_as(source, output):
+    """Can the algorithms read `source` in place of `output`'s contents (same dtype, contiguous)?"""
+    return isinstance(source, np.ndarray) and source.dtype == output.dtype and source.flags.c_contiguous
 
 
 def _store(host, output):

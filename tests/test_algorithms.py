@@ -283,7 +283,13 @@ def _topology(size, hosts, local_size, homogeneous=True):
 ])
 def test_plan_by_topology_and_knobs(env, topology, expected):
     chosen = plan(Config.from_env(env), topology)
-    assert (chosen["allreduce"], chosen["others"], chosen["small_bytes"]) == expected
+    assert (chosen["allreduce"], chosen["reducescatter"], chosen["small_bytes"]) == expected
+    assert chosen["alltoall"] == ("mpi" if env.get("RINGREDUCE_ALGORITHM") == "mpi" else "ring")
+
+
+def test_auto_allgathers_over_the_ring_on_one_host():
+    assert plan(Config.from_env({}), _topology(4, 1, 4))["allgather"] == "ring"
+    assert plan(Config.from_env({"RINGREDUCE_ALGORITHM": "shm"}), _topology(4, 1, 4))["allgather"] == "shm"
 
 
 def test_forced_hierarchical_needs_equal_hosts():

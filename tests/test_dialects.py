@@ -27,7 +27,7 @@ def test_unknown_mpi_is_not_guessed():
 
 def test_open_mpi_local_run():
     assert OpenMPI().command("mpiexec", job()) == [
-        "mpiexec", "-np", "4", "--bind-to", "none", "--map-by", "slot", *_carried(), *RANK]
+        "mpiexec", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--mca", "osc", "^ucx", *_carried(), *RANK]
 
 
 def test_open_mpi_oversubscribes_only_past_the_local_cores():
@@ -44,9 +44,14 @@ def test_open_mpi_as_root_hosts_interface_env_and_extra_args():
     assert "--allow-run-as-root" in argv
     assert argv[argv.index("-H") + 1] == "a:2,b:2"
     assert _pairs(argv, "--mca") == [("btl_tcp_if_include", "ib0"), ("oob_tcp_if_include", "ib0"),
-                                     ("pml", "ucx")]
+                                     ("osc", "^ucx"), ("pml", "ucx")]
     assert ["-x", "RINGREDUCE_ALGORITHM=mpi"] in _windows(argv) and ["-x", "FOO=bar baz"] in _windows(argv)
     assert argv[-len(RANK) - 3:] == ["--mca", "pml", "ucx", *RANK]
+
+
+def test_open_mpi_leaves_a_chosen_osc_alone():
+    for chosen in (job(mpi_args=["--mca", "osc", "ucx"]), job(env={"OMPI_MCA_osc": "ucx"})):
+        assert ("osc", "^ucx") not in _pairs(OpenMPI().command("mpiexec", chosen), "--mca")
 
 
 def test_mpich_command():

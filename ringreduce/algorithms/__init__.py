@@ -1,7 +1,9 @@
 """The collective algorithms, and the choice among them that RINGREDUCE_ALGORITHM makes.
 
-Every family takes flat contiguous arrays and element offsets and works in place; the layer
-above handles shapes, dtypes, scaling and copies.
+Every family takes flat contiguous arrays and element offsets and works in place (allreduce
+may also read this rank's contribution from a separate `source`, which saves a copy of it;
+reducescatter returns this rank's segment, which may be a view of `buf`); the layer above
+handles shapes, dtypes, scaling and copies.
 """
 
 import numpy as np
@@ -32,7 +34,9 @@ class RingAlgorithms:
     def _chunk(self, buf):
         return max(1, self.chunk_bytes // buf.dtype.itemsize)
 
-    def allreduce(self, buf, op):
+    def allreduce(self, buf, op, source=None):
+        if source is not None:
+            buf[:] = source
         scratch = self.workspace.get(len(buf) // self.transport.size + 1, buf.dtype)
         ring.allreduce(self.transport, buf, ops.ufunc(op), scratch, self._chunk(buf))
 
@@ -40,7 +44,7 @@ class RingAlgorithms:
         scratch = self.workspace.get(int(np.max(np.diff(offsets))), buf.dtype)
         ring.reduce_scatter(self.transport, buf, offsets, ops.ufunc(op), scratch, self._chunk(buf))
         rank = self.transport.rank
-        return buf[offsets[rank]:offsets[rank + 1]].copy()
+        return buf[offsets[rank]:offsets[rank + 1]]
 
     def allgather(self, buf, offsets):
         ring.allgather(self.transport, buf, offsets)
@@ -52,33 +56,35 @@ class RingAlgorithms:
         pairwise.alltoallv(self.transport, send, send_offsets, recv, recv_offsets)
 
 
-class Chosen:
-    """Per call, the algorithm family for that collective and size: `small` below `small_bytes`;
-    above, `allreduce` for allreduce and `others` for reducescatter, allgather and broadcast."""
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall")
 
-    def __init__(self, allreduce, others, alltoall, small=None, small_bytes=0, segment=None):
-        self.alltoall_family = alltoall
-        self.large_allreduce, self.large_others = allreduce, others
-        self.small, self.small_bytes = small, small_bytes
+
+class Chosen:
+    """Per call, the algorithm family for that collective and size: MPI's own below `small_bytes`,
+    else the family `plan` named for the collective."""
+
+    def __init__(self, families, small, small_bytes=0, segment=None):
+        self.families, self.small, self.small_bytes = families, small, small_bytes
         self.segment = segment
 
-    def _pick(self, buf, large):
-        return self.small if buf.nbytes < self.small_bytes else large
+    def _pick(self, collective, buf):
+        return self.small if buf.nbytes < self.small_bytes else self.families[collective]
 
-    def allreduce(self, buf, op):
-        self._pick(buf, self.large_allreduce).allreduce(buf, op)
+    def allreduce(self, buf, op, source=None):
+        """Reduce in place, or from `source` (this rank's contribution, same length and dtype) into `buf`."""
+        self._pick("allreduce", buf).allreduce(buf, op, source)
 
     def reducescatter(self, buf, offsets, op):
-        return self._pick(buf, self.large_others).reducescatter(buf, offsets, op)
+        return self._pick("reducescatter", buf).reducescatter(buf, offsets, op)
 
     def allgather(self, buf, offsets):
-        self._pick(buf, self.large_others).allgather(buf, offsets)
+        self._pick("allgather", buf).allgather(buf, offsets)
 
     def broadcast(self, buf, root):
-        self._pick(buf, self.large_others).broadcast(buf, root)
+        self._pick("broadcast", buf).broadcast(buf, root)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
-        self.alltoall_family.alltoallv(send, send_offsets, recv, recv_offsets)
+        self.families["alltoall"].alltoallv(send, send_offsets, recv, recv_offsets)
 
     def close(self):
         if self.segment is not None:
@@ -86,28 +92,32 @@ class Chosen:
 
 
 def plan(config, topology):
-    """Which family runs what, from RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL and the topology:
-    {"allreduce", "others", "alltoall": "ring" | "shm" | "hierarchical" | "mpi", "small_bytes"}.
+    """Which family runs each collective ("ring", "shm", "hierarchical" or "mpi"), and below what
+    size MPI's own runs instead ("small_bytes"), from RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL
+    and the topology.
 
-    auto: MPI's own below SMALL_BYTES; above, on one host, shared memory for every collective;
-    across hosts, the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or hosts run
-    different numbers of ranks, or one each) and the ring for the rest. shm: the same without
-    the small-size exception. ring and mpi: that family for everything.
+    auto, on one host: shared memory for the reductions and broadcast; the ring for allgather,
+    whose transfers MPI makes single kernel copies between processes (a shared segment needs
+    two copies, and there is nothing to reduce on the way): 18 ms against 28 ms at 64 MiB.
+    Across hosts: the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or the hosts run
+    different numbers of ranks, or one each), the ring for the rest. Below SMALL_BYTES, MPI's own.
+    shm: shared memory wherever it can run, at every size. ring and mpi: that family for all.
     """
-    if config.algorithm in ("mpi", "ring"):
-        return dict(allreduce=config.algorithm, others=config.algorithm, alltoall=config.algorithm, small_bytes=0)
+    if config.algorithm in ("mpi", "ring") or topology.size == 1:
+        family = "ring" if topology.size == 1 else config.algorithm
+        return {**dict.fromkeys(COLLECTIVES, family), "small_bytes": 0}
     small_bytes = SMALL_BYTES if config.algorithm == "auto" else 0
-    if topology.size == 1:
-        return dict(allreduce="ring", others="ring", alltoall="ring", small_bytes=0)
     if topology.hosts == 1:
-        return dict(allreduce="shm", others="shm", alltoall="ring", small_bytes=small_bytes)
+        allgather = "ring" if config.algorithm == "auto" else "shm"
+        return {"allreduce": "shm", "reducescatter": "shm", "allgather": allgather, "broadcast": "shm",
+                "alltoall": "ring", "small_bytes": small_bytes}
     if config.hierarchical and not topology.homogeneous:
         raise RingReduceError("RINGREDUCE_HIERARCHICAL=1 needs the same number of ranks on every host; "
                               f"this job's hosts run different numbers (this one {topology.local_size})")
     hierarchical = config.hierarchical or (
         config.hierarchical is None and topology.homogeneous and topology.local_size > 1)
-    return dict(allreduce="hierarchical" if hierarchical else "ring", others="ring", alltoall="ring",
-                small_bytes=small_bytes)
+    return {**dict.fromkeys(COLLECTIVES, "ring"), "allreduce": "hierarchical" if hierarchical else "ring",
+            "small_bytes": small_bytes}
 
 
 def select(config, topology, comm, host_comm, cross_comm):
@@ -121,5 +131,4 @@ def select(config, topology, comm, host_comm, cross_comm):
         families["shm"] = SharedMemory(segment)
         cross = RingAlgorithms(MPITransport(cross_comm), config.pipeline_chunk_bytes)
         families["hierarchical"] = SharedMemory(segment, cross.allreduce)
-    return Chosen(families[chosen["allreduce"]], families[chosen["others"]], families[chosen["alltoall"]],
-                  families["mpi"], chosen["small_bytes"], segment)
+    return Chosen({c: families[chosen[c]] for c in COLLECTIVES}, families["mpi"], chosen["small_bytes"], segment)

@@ -29,8 +29,9 @@ class MPIAlgorithms:
         self.comm = transport.comm
         self.wait = transport.wait
 
-    def allreduce(self, buf, op):
-        self.wait([self.comm.Iallreduce(MPI.IN_PLACE, _typed(buf), _MPI_OPS[op])])
+    def allreduce(self, buf, op, source=None):
+        send = MPI.IN_PLACE if source is None else _typed(source)
+        self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
 
     def reducescatter(self, buf, offsets, op):
         counts = np.diff(offsets).tolist()

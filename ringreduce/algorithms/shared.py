@@ -27,14 +27,14 @@ class SharedMemory:
         self.segment = segment
         self.cross_allreduce = cross_allreduce
 
-    def allreduce(self, buf, op):
-        self._reduce(buf, op, 0, len(buf))
+    def allreduce(self, buf, op, source=None):
+        self._reduce(buf, op, 0, len(buf), buf if source is None else source)
 
     def reducescatter(self, buf, offsets, op):
-        """Reduce every rank's `buf`; this rank keeps segment `rank` (returned as a copy)."""
+        """Reduce every rank's `buf`; this rank's segment of it holds the result (returned)."""
         rank = self.segment.rank
-        self._reduce(buf, op, offsets[rank], offsets[rank + 1])
-        return buf[offsets[rank]:offsets[rank + 1]].copy()
+        self._reduce(buf, op, offsets[rank], offsets[rank + 1], buf)
+        return buf[offsets[rank]:offsets[rank + 1]]
 
     def allgather(self, buf, offsets):
         """Fill every segment of `buf` from the rank that owns it."""
@@ -61,28 +61,28 @@ class SharedMemory:
             part = buf[start:start + window]
             yield start, part, self.segment.area(buf.dtype, len(part))
 
-    def _reduce(self, buf, op, keep_start, keep_stop):
-        """Reduce `buf` over every rank (and host); write back the result in [keep_start, keep_stop)."""
+    def _reduce(self, buf, op, keep_start, keep_stop, source):
+        """Reduce `source` over every rank (and host); write the result into `buf` in [keep_start, keep_stop)."""
         combine = ops.ufunc(op)
         ranks, rank = self.segment.size, self.segment.rank
         piece = self.segment.area_bytes // ranks // buf.dtype.itemsize
         for start in range(0, len(buf), piece):
-            part = buf[start:start + piece]
+            part, contribution = buf[start:start + piece], source[start:start + piece]
             slots = self.segment.area(buf.dtype, piece * ranks).reshape(ranks, piece)[:, :len(part)]
             bounds = offsets_of(even_counts(len(part), ranks))
             for other in range(ranks):
                 if other != rank:
-                    slots[rank, bounds[other]:bounds[other + 1]] = part[bounds[other]:bounds[other + 1]]
+                    slots[rank, bounds[other]:bounds[other + 1]] = contribution[bounds[other]:bounds[other + 1]]
             self.segment.barrier()
             mine = slice(bounds[rank], bounds[rank + 1])
-            sources = [part[mine] if r == rank else slots[r, mine] for r in range(ranks)]
+            sources = [contribution[mine] if r == rank else slots[r, mine] for r in range(ranks)]
             reduced = slots[rank, mine]
             if ranks == 1:
                 reduced[:] = sources[0]
             else:
                 combine(sources[0], sources[1], out=reduced)
-            for source in sources[2:]:
-                combine(reduced, source, out=reduced)
+            for other_slice in sources[2:]:
+                combine(reduced, other_slice, out=reduced)
             if self.cross_allreduce is not None:
                 self.cross_allreduce(reduced, op)
             self.segment.barrier()
