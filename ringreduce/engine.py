@@ -182,9 +182,14 @@ class Engine:
         started = time.perf_counter()
         wait_all([self.comm.Iallgather(row, self._rows)])
         self._waited = time.perf_counter() - started
-        return [negotiation.RankState(int(r[0]), tuple(np.flatnonzero(np.unpackbits(r[5:])).tolist())
-                                      if r[5:].any() else (), int(r[1:5].view(np.uint32)[0]) / 1e6)
-                for r in self._rows]
+        rows = self._rows
+        ranks, slots = np.nonzero(np.unpackbits(rows[:, 5:], axis=1))
+        per_rank = [[] for _ in range(self.size)]
+        for rank, slot in zip(ranks.tolist(), slots.tolist(), strict=True):
+            per_rank[rank].append(slot)
+        waited = rows[:, 1:5].copy().view(np.uint32)[:, 0].tolist()
+        return [negotiation.RankState(flags, tuple(slots), micros / 1e6)
+                for flags, slots, micros in zip(rows[:, 0].tolist(), per_rank, waited, strict=True)]
 
     def _exchange_announcements(self, announce):
         """Every rank's newly announced messages (only in cycles where some rank has any)."""
