@@ -5,11 +5,15 @@ gloo, in the same run and interleaved, with the floor a ring cannot go below.
 
 For allreduce, allgather, broadcast and reducescatter of float32 arrays from 4 KiB up, each
 implementation's result is checked against the expected values, then timed (median of
-repeated iterations after a warm-up). Reports time, algorithm bandwidth and bus bandwidth in
-the nccl-tests convention (busbw = algbw * 2(n-1)/n for allreduce, (n-1)/n for allgather and
-reducescatter, 1 for broadcast), and for allreduce the ratio to the floor: the point-to-point
-transfers and the reductions a ring must do at that size, timed with bare mpi4py calls on
-buffers allocated once. Writes a table, benchmarks/results/collectives.json and
+repeated iterations after a warm-up): ringreduce's API (the engine, with the algorithm that
+RINGREDUCE_ALGORITHM=auto picks), each of ringreduce's algorithm families called directly
+(the cost of the algorithm without the engine), MPI's own collective and gloo. Reports time,
+algorithm bandwidth and bus bandwidth in the nccl-tests convention (busbw = algbw * 2(n-1)/n
+for allreduce, (n-1)/n for allgather and reducescatter, 1 for broadcast), and for allreduce
+the floor: the point-to-point transfers and the reductions a ring must do at that size,
+timed with bare mpi4py calls on buffers allocated once. Then the CPU a rank burns while it
+waits 2 s for a late peer inside an allreduce (ringreduce, and MPI's blocking Allreduce), and
+while its engine idles. Writes a table, benchmarks/results/collectives.json and
 benchmarks/results/collectives.png.
 """
 
@@ -27,6 +31,12 @@ from gloo import start_gloo
 from mpi4py import MPI
 
 import ringreduce as rr
+from ringreduce import topology
+from ringreduce.algorithms import RingAlgorithms
+from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.config import Config
+from ringreduce.shared_memory import Segment
+from ringreduce.transports import MPITransport
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -50,12 +60,13 @@ def main():
     rank, size = rr.rank(), rr.size()
     world = MPI.COMM_WORLD
     start_gloo(rank, size)
+    families = algorithm_families(world.Dup())
     sizes = [4096 * 4**i for i in range(12) if 4096 * 4**i <= args.max_mib * 2**20]
     rows = []
     for collective in args.collectives.split(","):
         for nbytes in sizes:
             count = nbytes // 4
-            implementations = candidates(collective, count, rank, size, world)
+            implementations = candidates(collective, count, rank, size, world, families)
             times = {name: [] for name in implementations}
             for run, check in implementations.values():
                 check(run())  # correct before it is timed
@@ -75,15 +86,47 @@ def main():
                 rows.append({"collective": collective, "bytes": nbytes, "implementation": name,
                              "seconds": seconds, "algbw_GBps": algbw,
                              "busbw_GBps": algbw * BUS_FACTOR[collective](size), "iterations": len(values)})
+    waiting = waiting_cpu(rank, world)
     if rank == 0:
-        report(rows, size)
+        report(rows, size, waiting)
 
 
-def candidates(collective, count, rank, size, world):
+def algorithm_families(comm):
+    """ringreduce's algorithm families, to call directly (on a communicator of their own, so they
+    never meet the engine's traffic): the ring, and shared memory when every rank is on one host."""
+    config = Config.from_env({})
+    place, host_comm, _ = topology.discover(comm)
+    families = {"ring": RingAlgorithms(MPITransport(comm), config.pipeline_chunk_bytes)}
+    if place.hosts == 1 and place.size > 1:
+        families["shm"] = SharedMemory(Segment(host_comm, place.local_size * config.shared_memory_piece_bytes))
+    return families
+
+
+def waiting_cpu(rank, world, seconds=2.0):
+    """Share of one core this process uses (all its threads) while rank 0 waits `seconds` for
+    rank 1 inside an allreduce, and while its engine has nothing to do."""
+    def cpu_share(run):
+        world.Barrier()
+        cpu, wall = time.process_time(), time.perf_counter()
+        run()
+        return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+    late = (lambda run: lambda: time.sleep(seconds) or run()) if rank == 1 else (lambda run: run)
+    value = np.ones(1024, dtype=np.float32)
+    out = np.empty_like(value)
+    return {
+        "ringreduce allreduce, waiting": cpu_share(late(lambda: rr.allreduce(value, name="late"))),
+        "MPI Allreduce, waiting": cpu_share(late(lambda: world.Allreduce(value, out))),
+        "ringreduce engine, idle": cpu_share(lambda: time.sleep(seconds)),
+    }
+
+
+def candidates(collective, count, rank, size, world, families):
     """{name: (run, check)} for this collective at this size."""
     mine = np.full(count, rank + 1, dtype=np.float32)
     tensor = torch.from_numpy(mine.copy())
     total = size * (size + 1) / 2
+    direct = {f"{name} algorithm, no engine": family for name, family in families.items()}
 
     def equals(expected):
         def check(result):
@@ -100,6 +143,8 @@ def candidates(collective, count, rank, size, world):
             # timed ones reduce the sums again (they grow to inf, which costs the same to add).
             "ringreduce in place (allreduce_)": (
                 lambda: rr.allreduce_(work, op=rr.Sum, name="bench_"), equals(total)),
+            **{name: (lambda f=family: f.allreduce(out, rr.Sum, mine) or out, equals(total))
+               for name, family in direct.items()},
             "MPI Allreduce": (lambda: world.Allreduce(mine, out, op=MPI.SUM) or out, equals(total)),
             "gloo": (lambda: gloo(dist.all_reduce, tensor, mine), equals(total)),
             "floor (ring's transfers and adds)": (floor.run, lambda _: None),
@@ -108,8 +153,16 @@ def candidates(collective, count, rank, size, world):
         gathered = np.empty(count * size, dtype=np.float32)
         pieces = [torch.empty(count) for _ in range(size)]
         expected = np.repeat(np.arange(1, size + 1, dtype=np.float32), count)
+        offsets = [r * count for r in range(size + 1)]
+
+        def direct_allgather(family):
+            gathered[rank * count:(rank + 1) * count] = mine
+            family.allgather(gathered, offsets)
+            return gathered
+
         return {
             "ringreduce": (lambda: rr.allgather(mine, name="bench"), equals(expected)),
+            **{name: (lambda f=family: direct_allgather(f), equals(expected)) for name, family in direct.items()},
             "MPI Allgather": (lambda: world.Allgather(mine, gathered) or gathered, equals(expected)),
             "gloo": (lambda: dist.all_gather(pieces, tensor) or torch.cat(pieces).numpy(), equals(expected)),
         }
@@ -117,14 +170,24 @@ def candidates(collective, count, rank, size, world):
         buffer = mine.copy()
         return {
             "ringreduce": (lambda: rr.broadcast(mine, root_rank=0, name="bench"), equals(1.0)),
+            **{name: (lambda f=family: f.broadcast(buffer, 0) or buffer, equals(1.0))
+               for name, family in direct.items()},
             "MPI Bcast": (lambda: world.Bcast(buffer, root=0) or buffer, equals(1.0)),
             "gloo": (lambda: dist.broadcast(tensor, src=0) or tensor.numpy(), equals(1.0)),
         }
     share = count // size
     rows = mine[:share * size].reshape(size, share)
     out = np.empty(share, dtype=np.float32)
+    work = np.empty(share * size, dtype=np.float32)
+    offsets = [r * share for r in range(size + 1)]
+
+    def direct_reducescatter(family):
+        np.copyto(work, rows.reshape(-1))
+        return family.reducescatter(work, offsets, rr.Sum)
+
     return {
         "ringreduce": (lambda: rr.reducescatter(rows, op=rr.Sum, name="bench"), equals(total)),
+        **{name: (lambda f=family: direct_reducescatter(f), equals(total)) for name, family in direct.items()},
         "MPI Reduce_scatter": (lambda: world.Reduce_scatter_block(rows, out, op=MPI.SUM) or out, equals(total)),
         "gloo (all_reduce: gloo has no reduce_scatter)": (lambda: _gloo_reducescatter(rows, rank, share),
                                                            equals(total)),
@@ -162,7 +225,7 @@ class RingFloor:
                 np.add(self.accumulator, self.recv, out=self.accumulator)
 
 
-def report(rows, size):
+def report(rows, size, waiting):
     print(f"Collective benchmark: {size} ranks, float32, median times; busbw in the nccl-tests convention")
     print(f"{'collective':13s} {'size':>9s} {'implementation':47s} {'time':>10s} {'busbw GB/s':>10s} "
           f"{'vs ringreduce':>13s}")
@@ -171,11 +234,14 @@ def report(rows, size):
         ratio = row["seconds"] / ours[(row["collective"], row["bytes"])]
         print(f"{row['collective']:13s} {_size(row['bytes']):>9s} {row['implementation']:47s} "
               f"{_duration(row['seconds']):>10s} {row['busbw_GBps']:10.2f} {ratio:12.2f}x")
+    print("CPU of a rank (all its threads) while it waits 2 s for a late peer, and while idle:")
+    for name, share in waiting.items():
+        print(f"  {name:40s} {share:6.1%} of a core")
     os.makedirs(RESULTS, exist_ok=True)
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {library}"
     with open(os.path.join(RESULTS, "collectives.json"), "w") as f:
-        json.dump({"ranks": size, "machine": machine, "rows": rows}, f, indent=1)
+        json.dump({"ranks": size, "machine": machine, "rows": rows, "waiting_cpu_share": waiting}, f, indent=1)
     plot(rows, size, machine)
 
 
@@ -206,7 +272,9 @@ def plot(rows, size, machine):
 
 def _colour(name):
     """The same colour for an implementation in every panel."""
-    for prefix, colour in (("ringreduce", "tab:red"), ("MPI", "tab:blue"), ("gloo", "tab:orange")):
+    for prefix, colour in (("ringreduce in place", "darkred"), ("ringreduce", "tab:red"),
+                           ("ring algorithm", "tab:green"), ("shm algorithm", "tab:purple"),
+                           ("MPI", "tab:blue"), ("gloo", "tab:orange")):
         if name.startswith(prefix):
             return colour
     return "tab:gray"

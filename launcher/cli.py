@@ -19,8 +19,13 @@ FORWARDED_PREFIXES = ("RINGREDUCE_",)
 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
 KNOBS = (
-    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(["ring", "mpi"]),
-     "ringreduce's algorithms, or the MPI library's own collectives.", str),
+    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(["auto", "ring", "shm", "mpi"]),
+     "Collective algorithms: chosen by size and topology, the ring, shared memory inside each host, "
+     "or the MPI library's own [default: auto].", str),
+    ("--hierarchical-allreduce/--no-hierarchical-allreduce", "RINGREDUCE_HIERARCHICAL", bool,
+     "Across hosts, allreduce through shared memory inside each host and a ring across hosts "
+     "[default: when every host runs the same number of ranks, more than one].",
+     lambda on: "1" if on else "0"),
     ("--fusion-threshold-mb", "RINGREDUCE_FUSION_THRESHOLD", click.FloatRange(min=0),
      "Fuse ready allreduces into buffers of up to this many MiB (0: no fusion) [default: 128].",
      lambda mb: str(int(mb * 1024 * 1024))),
@@ -43,13 +48,15 @@ def knob_options(command):
     for flag, _, kind, text, _ in reversed(KNOBS):
         if kind is None:
             command = click.option(flag, is_flag=True, default=None, help=text)(command)
+        elif kind is bool:  # an on/off pair: unset unless one of the two is given
+            command = click.option(flag, default=None, help=text)(command)
         else:
             command = click.option(flag, type=kind, help=text)(command)
     return command
 
 
 def _knob_name(flag):
-    return flag.lstrip("-").replace("-", "_")
+    return flag.split("/")[0].lstrip("-").replace("-", "_")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,

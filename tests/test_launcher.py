@@ -97,6 +97,21 @@ def test_dry_run_prints_the_mpiexec_command(tmp_path):
                                  f"{sys.executable} {script} --epochs 2")
 
 
+@pytest.mark.parametrize("flags, variables", [
+    (("--algorithm", "shm", "--no-hierarchical-allreduce"),
+     " -genv RINGREDUCE_ALGORITHM shm -genv RINGREDUCE_HIERARCHICAL 0 "),
+    (("--hierarchical-allreduce", "--cycle-time-ms", "2.5"),
+     " -genv RINGREDUCE_HIERARCHICAL 1 -genv RINGREDUCE_CYCLE_TIME 2.5 "),
+])
+def test_knob_flags_set_their_variables(tmp_path, flags, variables):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    result = rrun("--dry-run", "-np", "2", *flags, sys.executable, str(script))
+    assert result.returncode == 0, result.stderr
+    assert variables in result.stdout
+    assert "HIERARCHICAL" not in rrun("--dry-run", "-np", "2", sys.executable, str(script)).stdout
+
+
 def test_check_build_reports_the_installation():
     result = rrun("--check-build")
     assert result.returncode == 0, result.stderr
