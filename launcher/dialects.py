@@ -54,7 +54,8 @@ class OpenMPI:
     @staticmethod
     def _sets_osc(job):
         """Has the user chosen the one-sided components (in --mpi-args, -x or the environment)?"""
-        passed = any(a in ("--mca", "-mca") and b == "osc" for a, b in zip(job.mpi_args, job.mpi_args[1:]))
+        pairs = zip(job.mpi_args, job.mpi_args[1:], strict=False)
+        passed = any(flag in ("--mca", "-mca") and key == "osc" for flag, key in pairs)
         return passed or "OMPI_MCA_osc" in job.env or "OMPI_MCA_osc" in os.environ
 
 
