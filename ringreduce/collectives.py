@@ -45,7 +45,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
     as evenly as possible with the first ranks taking one more row (as Horovod)."""
     return _submit("reducescatter", name, lambda: _reduction(
         _with_rows(arrays.as_array(tensor), "reducescatter"), op, prescale_factor, postscale_factor,
-        Compression.none, in_place=False, output_known=False))
+        Compression.none, in_place=False))
 
 
 def allgather_async(tensor, name=None):
@@ -159,8 +159,8 @@ def _submit(kind, name, build):
     return handle
 
 
-def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_place, output_known=True):
-    """Checked reduction arguments; `output_known`: the result has the input's shape (allreduce)."""
+def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_place):
+    """Checked reduction arguments."""
     array = arrays.writable_in_place(tensor, "allreduce_") if in_place else arrays.as_array(tensor)
     arrays.check_dtype(array)
     op = ops.as_op(op)
@@ -168,11 +168,8 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     ops.check_op(op, array.dtype, prescale, postscale)
     fields = dict(dtype=array.dtype.name, shape=array.shape, op=int(op), prescale=prescale,
                   postscale=postscale, compression=compressions.check(compression))
-    if in_place:
-        output = array
-    else:
-        output = arrays.new_like(array) if output_known else None
-    return fields, dict(input=array, output=output)
+    # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
+    return fields, dict(input=array, output=array if in_place else None)
 
 
 def _gathered(array):

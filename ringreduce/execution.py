@@ -13,7 +13,7 @@ import numpy as np
 
 from ringreduce import compression, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import RECYCLER, Workspace, like, on_device, to_host
+from ringreduce.arrays import RECYCLER, Workspace, like, new_like, on_device, to_host
 from ringreduce.ops import ReduceOp
 
 
@@ -40,10 +40,9 @@ class Executor:
         message = responses[0].message
         op = ReduceOp(message.op)
         wire = compression.by_name(message.compression).wire_dtype(message.dtype)
-        outputs = [r.output if r is not None else _identity(m.message, op)
-                   for m, r in zip(responses, requests, strict=True)]
-        if len(responses) == 1 and wire == np.dtype(message.dtype) and not on_device(outputs[0]):
-            return self._allreduce_alone(responses[0], requests[0], outputs[0], op)
+        on_gpu = any(r is not None and on_device(r.input) for r in requests)
+        if len(responses) == 1 and wire == np.dtype(message.dtype) and not on_gpu:
+            return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
         buffer = self._fusion_view(offsets[-1], wire)
@@ -55,11 +54,21 @@ class Executor:
             else:
                 _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
         copied_in = time.perf_counter()
-        self.algorithms.allreduce(buffer, op)
-        reduced = time.perf_counter()
-        for index, output in enumerate(outputs):
-            _store(buffer[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
-            ops.finish(output.reshape(-1), op, self.size, message.postscale)
+        if not on_gpu and wire == np.dtype(message.dtype) and all(r is None or r.output is None for r in requests):
+            # Every result is new: reduce from the fusion buffer straight into one recycled block
+            # and hand out views of it, which saves unpacking the fusion buffer.
+            block = RECYCLER.empty((offsets[-1],), message.dtype)
+            self.algorithms.allreduce(block, op, buffer)
+            reduced = time.perf_counter()
+            ops.finish(block, op, self.size, message.postscale)
+            outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
+        else:
+            outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
+            self.algorithms.allreduce(buffer, op)
+            reduced = time.perf_counter()
+            for index, output in enumerate(outputs):
+                _store(buffer[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
+                ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -67,11 +76,12 @@ class Executor:
             self.timeline.phase(response.name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
         return outputs
 
-    def _allreduce_alone(self, response, request, output, op):
+    def _allreduce_alone(self, response, request, op):
         """One tensor, no compression: reduce straight into its output, no fusion buffer. An
         unscaled contiguous input is read where it is, not copied into the output first."""
         message = response.message
         started = time.perf_counter()
+        output = _output_for(request, message, op)
         flat, source = output.reshape(-1), None
         if request is not None and request.input is not output:
             if message.prescale == 1.0 and _readable_as(request.input, output):
@@ -177,6 +187,14 @@ def _identity_value(op, dtype):
         return np.inf if op == ReduceOp.MIN else -np.inf
     info = np.iinfo(dtype)
     return info.max if op == ReduceOp.MIN else info.min
+
+
+def _output_for(request, message, op):
+    """Where a request's result goes: its own array (in place), a new one, or for a joined rank
+    an array of the op's identity."""
+    if request is None:
+        return _identity(message, op)
+    return request.output if request.output is not None else new_like(request.input)
 
 
 def _identity(message, op):
