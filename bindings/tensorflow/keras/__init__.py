@@ -1,0 +1,15 @@
+"""ringreduce for Keras (Keras 3 on TensorFlow): data-parallel model.fit in two lines.
+
+    import ringreduce.tensorflow.keras as rr
+    rr.init()
+    model.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size())), loss=...)
+    model.fit(x_shard, y_shard, callbacks=[rr.BroadcastGlobalVariablesCallback(0), rr.MetricAverageCallback()])
+"""
+
+from ringreduce.tensorflow import *  # noqa: F403 - everything of ringreduce.tensorflow, as Horovod's keras module
+from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+)
+from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401
