@@ -13,9 +13,10 @@ OPENMPI_ENV := .make/openmpi-env
 install: $(STAMP)
 
 # Reinstalls only when pyproject.toml changes (or for another Python environment). torch is
-# pinned to the CPU build these machines keep on disk; the package's own extra is a range.
+# pinned to the CPU build these machines keep on disk, and TensorFlow is its CPU build; the
+# package's own extras are ranges.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,mpich]' torch==2.13.0
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[dev,mpich]' torch==2.13.0 tensorflow-cpu
 	@mkdir -p .make && touch $@
 
 demo: install

@@ -53,6 +53,7 @@ for step in range(args.steps):
 
 correct = tf.reduce_sum(tf.cast(tf.equal(tf.cast(x @ weights + bias > 0, tf.float32), y), tf.float64))
 counts = rr.allreduce(tf.stack([correct, tf.constant(float(len(y)), tf.float64)]), op=rr.Sum, name="counts")
+identical = bool(tf.reduce_all(rr.allreduce(weights, op=rr.Max, name="max") == rr.allreduce(weights, op=rr.Min, name="min")))
 if rr.rank() == 0:
     print(f"training accuracy {100.0 * float(counts[0]) / float(counts[1]):.1f}% over {rr.size()} ranks; "
-          f"weights identical on every rank: {bool(rr.allreduce(weights, op=rr.Max, name='w_max').numpy().tolist() == weights.numpy().tolist())}")
+          f"weights identical on every rank: {identical}")

@@ -13,8 +13,9 @@ def DistributedOptimizer(optimizer, compression=Compression.none, backward_passe
         model.compile(optimizer=optimizer, loss=...)
 
     The result is a new optimizer of a subclass of the original's class, made from its config.
-    `backward_passes_per_step=k` accumulates k batches' gradients locally (Keras's own gradient
-    accumulation) and averages over ranks once every k batches.
+    `backward_passes_per_step=k` applies the mean of k batches' gradients once every k batches
+    (through Keras's own gradient accumulation); each batch's gradients are averaged over ranks
+    as they come, so the update is the same as Horovod's, with k times its communication.
     """
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
