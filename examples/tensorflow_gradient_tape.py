@@ -53,7 +53,8 @@ for step in range(args.steps):
 
 correct = tf.reduce_sum(tf.cast(tf.equal(tf.cast(x @ weights + bias > 0, tf.float32), y), tf.float64))
 counts = rr.allreduce(tf.stack([correct, tf.constant(float(len(y)), tf.float64)]), op=rr.Sum, name="counts")
-identical = bool(tf.reduce_all(rr.allreduce(weights, op=rr.Max, name="max") == rr.allreduce(weights, op=rr.Min, name="min")))
+largest, smallest = rr.allreduce(weights, op=rr.Max, name="max"), rr.allreduce(weights, op=rr.Min, name="min")
+identical = bool(tf.reduce_all(largest == smallest))
 if rr.rank() == 0:
     print(f"training accuracy {100.0 * float(counts[0]) / float(counts[1]):.1f}% over {rr.size()} ranks; "
           f"weights identical on every rank: {identical}")

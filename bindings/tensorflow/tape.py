@@ -1,9 +1,9 @@
 """DistributedGradientTape: a tf.GradientTape whose gradients are averaged over every rank."""
 
 import numpy as np
-import tensorflow as tf
 
 import ringreduce as core
+import tensorflow as tf
 from ringreduce.agreement import ranks_text
 from ringreduce.compression import Compression
 

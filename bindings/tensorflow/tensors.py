@@ -8,9 +8,9 @@ on every rank that traces the same code.
 """
 
 import numpy as np
-import tensorflow as tf
 
 import ringreduce as core
+import tensorflow as tf
 from ringreduce import runtime
 from ringreduce.compression import Compression
 

@@ -1,7 +1,6 @@
 """Making every rank start from the same variables."""
 
 import tensorflow as tf
-
 from ringreduce.tensorflow import tensors
 
 

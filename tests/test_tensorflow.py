@@ -1,0 +1,135 @@
+"""ringreduce.tensorflow and its Keras module under real ranks, compared with plain TensorFlow
+computed here and with numpy."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import tf_cases  # noqa: E402
+from launch import run_job  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def single_process_weights():
+    """Plain TensorFlow, one process, the whole batch every step: what 2 ranks must reproduce."""
+    x, y = tf_cases.data()
+    net = tf_cases.model()
+    optimizer = keras.optimizers.SGD(0.1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for step in range(tf_cases.STEPS):
+        rows = slice(step * tf_cases.BATCH, (step + 1) * tf_cases.BATCH)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], net(x[rows]))
+        gradients = tape.gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
+    return [v.numpy() for v in net.trainable_variables]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return single_process_weights()
+
+
+@pytest.mark.parametrize("mode, compression, tolerance", [
+    ("tape", "none", 1e-5),
+    ("fit", "none", 1e-5),
+    ("fit2", "none", 1e-5),  # backward_passes_per_step=2
+    ("tape", "fp16", 2e-3),
+])
+def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, reference, mode, compression, tolerance):
+    job = run_job(2, "tf_train.py", mode, compression, tmp_path, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        weights = [got[f"arr_{i}"] for i in range(len(reference))]
+        for value, expected in zip(weights, reference, strict=True):
+            np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance)
+        if compression == "fp16":  # the gradients really went through float16
+            assert any(not np.array_equal(v, e) for v, e in zip(weights, reference, strict=True))
+
+
+@pytest.fixture(scope="module")
+def misc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tf_misc")
+    job = run_job(2, "tf_misc.py", out, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_collectives_inside_tf_function_keep_static_shapes_and_values(misc):
+    x = [np.arange(6, dtype=np.float32).reshape(2, 3) * (r + 1) for r in range(2)]
+    for rank, got in enumerate(misc):
+        assert got["static_shapes"] == {"allreduce": [2, 3], "average": [2, 3], "allgather": [None, 3],
+                                        "broadcast": [2, 3], "reducescatter": [None, 2], "alltoall": [None],
+                                        "grouped": [[2, 3], [2, 3]]}
+        values = got["values"]
+        np.testing.assert_array_equal(values["allreduce"], x[0] + x[1])
+        np.testing.assert_array_equal(values["average"], (x[0] + x[1]) / 2)
+        expected_gather = np.concatenate([np.full((r + 1, 3), float(r)) for r in range(2)])
+        np.testing.assert_array_equal(values["allgather"], expected_gather)
+        np.testing.assert_array_equal(got["eager_allgather"], expected_gather)
+        np.testing.assert_array_equal(values["broadcast"], x[1])
+        np.testing.assert_array_equal(values["reducescatter"], np.full((3 - rank, 2), 3.0))  # 5 rows: 3 and 2
+        np.testing.assert_array_equal(values["alltoall"], [2 * rank, 2 * rank + 1, 100 + 2 * rank, 101 + 2 * rank])
+        np.testing.assert_array_equal(values["grouped"][1], 2 * (x[0] + x[1]))
+
+
+def test_broadcast_callback_makes_differently_initialised_ranks_equal(misc):
+    root = [v.numpy() for v in tf_cases.model(seed=0).trainable_variables]
+    other = [v.numpy() for v in tf_cases.model(seed=1).trainable_variables]
+    assert not np.array_equal(root[0], other[0])  # they really started apart
+    for got in misc:  # learning rate 0: what the broadcast gave is what stays
+        for value, expected in zip(got["weights"], root, strict=True):
+            np.testing.assert_array_equal(value, expected)
+
+
+def test_metric_average_callback_averages_the_logged_metrics(misc):
+    for epoch in range(2):
+        mean = np.mean([got["raw"][epoch]["loss"] for got in misc])
+        assert misc[0]["raw"][epoch]["loss"] != misc[1]["raw"][epoch]["loss"]
+        for got in misc:
+            assert got["averaged"][epoch]["loss"] == pytest.approx(mean, rel=1e-12)
+
+
+def test_learning_rate_warmup_ramps_from_a_share_to_the_full_rate(misc):
+    # 2 ranks, 4 batches an epoch, 2 warm-up epochs: 0.4 / 2 * (e * (2 - 1) / 2 + 1), e = epoch + batch / 4
+    expected = [0.2 * (1 + (i / 4) / 2) for i in range(8)] + [0.4] * 4
+    for got in misc:
+        np.testing.assert_allclose(got["warmup_rates"], expected, rtol=1e-6)
+
+
+def test_a_gradient_missing_on_one_rank_is_an_error_naming_it(misc):
+    for got in misc:
+        assert got["none_error"].startswith("DistributedGradientTape: the gradient of sometimes")
+        assert "is None on rank 1 but not on rank 0" in got["none_error"]
+
+
+def test_importing_ringreduce_does_not_import_tensorflow():
+    code = "import sys, ringreduce; ringreduce.allreduce; print('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "False"
+
+
+def test_keras_digits_example_reaches_95_percent(tmp_path):
+    job = run_job(2, os.path.join(EXAMPLES, "tensorflow_keras_digits.py"), "--epochs", "12", timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    line = job.lines_of(0)[-1]
+    assert line.startswith("test accuracy"), job.stdout[-2000:]
+    assert float(line.split()[2].rstrip("%")) >= 95.0, line
+
+
+def test_gradient_tape_example_trains_identical_weights_on_every_rank():
+    job = run_job(2, os.path.join(EXAMPLES, "tensorflow_gradient_tape.py"), timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    line = job.lines_of(0)[-1]
+    assert line.endswith("weights identical on every rank: True"), job.stdout[-2000:]
+    assert float(line.split()[2].rstrip("%")) >= 85.0, line

@@ -1,0 +1,43 @@
+"""Data-parallel TensorFlow training on this rank's shard; saves the final weights.
+Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2)."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ringreduce.tensorflow.keras as rr  # noqa: E402
+
+import tf_cases  # noqa: E402
+
+rr.init()
+mode, compression, out = sys.argv[1], getattr(rr.Compression, sys.argv[2]), sys.argv[3]
+x, y = (tf_cases.shard(a, rr.rank(), rr.size()) for a in tf_cases.data())
+net = tf_cases.model()
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+if mode == "tape":
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, net(features))
+        gradients = rr.DistributedGradientTape(tape, compression=compression).gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
+
+    rows = len(x) // tf_cases.STEPS
+    for i in range(tf_cases.STEPS):
+        step(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
+else:
+    passes = 2 if mode == "fit2" else 1
+    net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
+                                                  backward_passes_per_step=passes), loss=loss_fn)
+    # With k passes per step, k batches of 1/k the rows make one step of the same global batch.
+    net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)
+np.savez(os.path.join(out, f"rank{rr.rank()}.npz"), *[v.numpy() for v in net.trainable_variables])
