@@ -24,6 +24,7 @@ from ringreduce.algorithms.ring import offsets_of
 from ringreduce.errors import RingReduceError
 from ringreduce.execution import Executor
 from ringreduce.requests import ANNOUNCED, CACHED, NEW
+from ringreduce.states import StateExchange
 from ringreduce.transports import wait_all
 
 _JOIN, _SHUTDOWN = object(), object()
@@ -51,11 +52,8 @@ class Engine:
         self._join_handle = None
         self._shutdown_handle = None
         self._failure = None  # set if the engine itself broke: every later request gets it
-        # Flags, the microseconds this rank waited in the last negotiation, one bit per cache slot.
-        row_bytes = 5 + (config.cache_capacity + 7) // 8
-        self._waited = 0.0
-        self._row = np.zeros(row_bytes, dtype=np.uint8)
-        self._rows = np.zeros((self.size, row_bytes), dtype=np.uint8)
+        self.states = StateExchange(comm, config.cache_capacity)
+        self._waited = 0.0  # seconds this rank waited in the last negotiation
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
         self._thread.start()
 
@@ -169,27 +167,15 @@ class Engine:
         return announce, slots
 
     def _exchange_states(self, announce, slots):
-        row = self._row
-        row[:] = 0
-        row[0] = ((negotiation.ANNOUNCES if announce else 0)
-                  | (negotiation.JOINED if self._join_handle is not None else 0)
-                  | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0)
-                  | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0)
-                  | (negotiation.WAITING if self._pending or self._join_handle or self._shutdown_handle else 0))
-        row[1:5].view(np.uint32)[0] = min(int(self._waited * 1e6), 2**32 - 1)
-        for slot in slots:
-            row[5 + slot // 8] |= 0x80 >> (slot % 8)
+        flags = ((negotiation.ANNOUNCES if announce else 0)
+                 | (negotiation.JOINED if self._join_handle is not None else 0)
+                 | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0)
+                 | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0)
+                 | (negotiation.WAITING if self._pending or self._join_handle or self._shutdown_handle else 0))
         started = time.perf_counter()
-        wait_all([self.comm.Iallgather(row, self._rows)])
+        states = self.states.exchange(flags, self._waited, slots)
         self._waited = time.perf_counter() - started
-        rows = self._rows
-        ranks, slots = np.nonzero(np.unpackbits(rows[:, 5:], axis=1))
-        per_rank = [[] for _ in range(self.size)]
-        for rank, slot in zip(ranks.tolist(), slots.tolist(), strict=True):
-            per_rank[rank].append(slot)
-        waited = rows[:, 1:5].copy().view(np.uint32)[:, 0].tolist()
-        return [negotiation.RankState(flags, tuple(slots), micros / 1e6)
-                for flags, slots, micros in zip(rows[:, 0].tolist(), per_rank, waited, strict=True)]
+        return states
 
     def _exchange_announcements(self, announce):
         """Every rank's newly announced messages (only in cycles where some rank has any)."""

@@ -82,9 +82,10 @@ def active():
 
 
 def engine_stats():
-    """Counters of the engine's work so far: cycles, collectives, tensors and bytes, cache hits."""
+    """Counters of the engine's work so far: cycles, collectives, tensors and bytes, cache hits,
+    and the cycles whose negotiation needed every rank's full state (state_gathers)."""
     engine = active().engine
-    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits}
+    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits, "state_gathers": engine.states.gathers}
 
 
 def straggler_report():

@@ -59,7 +59,12 @@ elif mode == "cache":
     for step in range(20):
         handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
         assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
-    report(stats=delta(before))
+    stats = delta(before)
+    before = rr.engine_stats()
+    for step in range(50):  # one cached name at a time: the steady state needs no gather
+        assert np.array_equal(rr.allreduce(np.full(3, step + rank, np.int64), op=rr.Sum, name="steady"),
+                              np.full(3, size * step + sum(range(size))))
+    report(stats=stats, steady=delta(before))
 
 elif mode == "fp16":
     big = 70000.0  # beyond float16's largest value, 65504
