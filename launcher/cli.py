@@ -39,6 +39,8 @@ KNOBS = (
      "Warn when ranks wait this long for a request others have not submitted [default: 60].", str),
     ("--stall-shutdown-seconds", "RINGREDUCE_STALL_SHUTDOWN_TIME", click.FloatRange(min=0),
      "End the job when such a stall lasts this long [default: never].", str),
+    ("--stall-stacks", "RINGREDUCE_STALL_STACKS", None,
+     "With a stall warning, every rank also prints its Python stacks.", lambda on: "1"),
     ("--straggler-report", "RINGREDUCE_STRAGGLER_REPORT", None,
      "At shutdown, rank 0 prints which ranks kept the others waiting.", lambda on: "1"),
 )
@@ -101,7 +103,7 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
     )
     argv = dialects.dialect_of(mpiexec).command(mpiexec, job)
     if verbose or dry_run:
-        click.echo(shlex.join(argv), err=not dry_run)
+        click.echo(shlex.join(masked(argv)), err=not dry_run)
     if dry_run:
         return
     sys.exit(Supervisor(argv).run())
@@ -120,6 +122,26 @@ def resolve_ranks(num_proc, host_list, hostfile, environ):
         return num_proc, None
     num_proc = num_proc or sum(h.slots for h in given)
     return num_proc, hosts.place(given, num_proc)
+
+
+SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET")
+
+
+def masked(argv):
+    """The command line as printed: the values of variables whose names look like secrets hidden
+    (NAME=VALUE arguments, and Hydra's `-genv NAME VALUE`)."""
+    shown = list(argv)
+    for index, word in enumerate(shown):
+        name, has_value, _ = word.partition("=")
+        if has_value and _secret(name):
+            shown[index] = f"{name}=HIDDEN"
+        elif word in ("-genv", "-env") and index + 2 < len(shown) and _secret(shown[index + 1]):
+            shown[index + 2] = "HIDDEN"
+    return shown
+
+
+def _secret(name):
+    return any(secret in name.upper() for secret in SECRET_WORDS)
 
 
 def environment(env_items, environ, knobs=None):

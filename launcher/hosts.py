@@ -42,9 +42,16 @@ def parse_hostfile(path):
     return hosts
 
 
+_SHELL_METACHARACTERS = set(";|&$`<>(){}[]'\"\\*?!~")
+
+
 def _parse_entry(text, where):
     match = _COLON_FORM.match(text)
     if not match:
+        unsafe = "".join(sorted(set(text) & _SHELL_METACHARACTERS))
+        if unsafe:
+            raise LaunchError(f"{where} contains shell metacharacters ({unsafe}), which no host name has; "
+                              "rrun never passes hosts through a shell")
         raise LaunchError(f"{where} is not 'host' or 'host:slots' or 'host slots=N'")
     return Host(match[1], _slots(match[2], where) if match[2] is not None else 1)
 

@@ -34,6 +34,8 @@ class Config:
     timeline: str | None = None
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float | None = None
+    # With a stall warning, each rank also prints every thread's Python stack.
+    stall_stacks: bool = False
     straggler_report: bool = False
 
     @classmethod
@@ -60,6 +62,7 @@ class Config:
             stall_check_seconds=_number(environ, "RINGREDUCE_STALL_CHECK_TIME", cls.stall_check_seconds,
                                         float, minimum=0),
             stall_shutdown_seconds=_number(environ, "RINGREDUCE_STALL_SHUTDOWN_TIME", None, float, minimum=0),
+            stall_stacks=bool(_switch(environ, "RINGREDUCE_STALL_STACKS")),
             straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
         )
 

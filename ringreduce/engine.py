@@ -11,6 +11,7 @@ submission, which wakes it at once, so the short pace would only burn its core.
 """
 
 import collections
+import faulthandler
 import pickle
 import sys
 import threading
@@ -122,6 +123,10 @@ class Engine:
             self._join_handle = None
         if outcome.stall_warning:
             sys.stderr.write(f"[rank {self.rank}] {outcome.stall_warning}\n")
+            if self.config.stall_stacks:  # where each thread of this rank is, the missing one's included
+                sys.stderr.write(f"[rank {self.rank}] Python stacks (most recent call first):\n")
+                sys.stderr.flush()
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             sys.stderr.flush()
         return outcome, states
 

@@ -2,6 +2,7 @@
 cache, fp16 compression, join, stalls, the timeline, stragglers and shutdown."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -104,12 +105,17 @@ def test_join_with_uneven_batches_per_rank(tmp_path):
 
 def test_a_withheld_tensor_is_reported_then_ends_the_job():
     env = {"RINGREDUCE_STALL_CHECK_TIME": "1", "RINGREDUCE_STALL_SHUTDOWN_TIME": "3"}
-    job = run_job(3, "engine.py", "withhold", env=env, timeout=60)
+    job = run_job(3, "engine.py", "withhold", env=env, rrun_args=("--stall-stacks",), timeout=60)
     assert job.returncode != 0
     warning = re.compile(r"allreduce 'withheld': submitted by ranks 0, 2 \d+ s ago, still missing from rank 1")
     for rank in (0, 2):
         assert any(warning.search(line) for line in job.lines_of(rank, "stderr")), job.stderr
     assert "StallError: allreduce 'withheld'" in job.last_line and "missing from rank 1" in job.last_line
+    # With the stacks, rank 1's shows the very line it is stuck on.
+    worker = os.path.join(os.path.dirname(__file__), "workers", "engine.py")
+    with open(worker) as f:
+        stuck = next(n for n, line in enumerate(f, 1) if "time.sleep(60)" in line)
+    assert any(f'engine.py", line {stuck} in <module>' in line for line in job.lines_of(1, "stderr")), job.stderr
 
 
 def test_timeline_has_every_phase_of_every_tensor(tmp_path):

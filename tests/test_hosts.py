@@ -18,6 +18,16 @@ def test_malformed_hosts_option(text):
         parse_hosts(text)
 
 
+@pytest.mark.parametrize("text", ["node1;rm -rf /", "$(reboot):2", "node`id`", "a|b"])
+def test_hosts_with_shell_metacharacters_are_refused(text, tmp_path):
+    with pytest.raises(LaunchError, match="contains shell metacharacters"):
+        parse_hosts(text)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"node0 slots=1\n{text}\n")
+    with pytest.raises(LaunchError, match=r"line 2 .* contains shell metacharacters"):
+        parse_hostfile(hostfile)
+
+
 def test_hostfile_both_forms_comments_and_blank_lines(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("# the cluster\n\nnode1 slots=4   # big one\nnode2:2\n  node3\n")

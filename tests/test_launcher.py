@@ -112,6 +112,17 @@ def test_knob_flags_set_their_variables(tmp_path, flags, variables):
     assert "HIERARCHICAL" not in rrun("--dry-run", "-np", "2", sys.executable, str(script)).stdout
 
 
+def test_verbose_hides_the_values_of_secret_looking_variables(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    result = rrun("--dry-run", "-np", "2", "-x", "WANDB_API_KEY=abc123", "-x", "HF_TOKEN=xyz789",
+                  "-x", "DATA_DIR=/data", sys.executable, str(script))
+    assert result.returncode == 0, result.stderr
+    assert "abc123" not in result.stdout and "xyz789" not in result.stdout
+    assert " -genv WANDB_API_KEY HIDDEN " in result.stdout and " -genv HF_TOKEN HIDDEN " in result.stdout
+    assert " -genv DATA_DIR /data " in result.stdout
+
+
 def test_check_build_reports_the_installation():
     result = rrun("--check-build")
     assert result.returncode == 0, result.stderr

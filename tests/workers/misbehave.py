@@ -21,6 +21,10 @@ if rr.rank() == 1:
         sys.exit(0)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
 if mode == "sleep":
     print("sleeping", flush=True)
     time.sleep(300)
