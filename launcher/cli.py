@@ -3,6 +3,7 @@
     rrun -np 4 python train.py
 """
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -16,6 +17,7 @@ from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
 
 FORWARDED_PREFIXES = ("RINGREDUCE_",)
+RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
 KNOBS = (
@@ -77,11 +79,14 @@ def _knob_name(flag):
 @click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it.")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
+@click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Start the job again after a failure, up to this many times "
+                   "(the ranks see RINGREDUCE_RESTART_COUNT).")
 @knob_options
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_name, env_items,
-         verbose, dry_run, check_build, command, **knobs):
+         verbose, dry_run, check_build, restarts, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`."""
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
@@ -101,12 +106,19 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
         local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
-    argv = dialects.dialect_of(mpiexec).command(mpiexec, job)
-    if verbose or dry_run:
-        click.echo(shlex.join(masked(argv)), err=not dry_run)
-    if dry_run:
-        return
-    sys.exit(Supervisor(argv).run())
+    dialect = dialects.dialect_of(mpiexec)
+    for attempt in range(restarts + 1):
+        argv = dialect.command(mpiexec, dataclasses.replace(job, env={**job.env, RESTART_VARIABLE: str(attempt)}))
+        if verbose or dry_run:
+            click.echo(shlex.join(masked(argv)), err=not dry_run)
+        if dry_run:
+            return
+        supervisor = Supervisor(argv)
+        status = supervisor.run()
+        if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
+            sys.exit(status)
+        click.echo(f"rrun: starting the job again ({attempt + 1} of {restarts} restarts) after it failed "
+                   f"with status {status}", err=True)
 
 
 def resolve_ranks(num_proc, host_list, hostfile, environ):

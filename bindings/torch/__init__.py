@@ -25,6 +25,7 @@ from ringreduce.collectives import barrier, join  # noqa: F401
 from ringreduce.objects import allgather_object, broadcast_object  # noqa: F401
 from ringreduce.runtime import engine_stats, init, is_initialized, shutdown, straggler_report  # noqa: F401
 from ringreduce.topology_api import cross_rank, cross_size, local_rank, local_size, rank, size  # noqa: F401
+from ringreduce.torch import checkpoint  # noqa: F401
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from ringreduce.torch.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401

@@ -1,0 +1,108 @@
+"""Checkpoints that survive a failing job: written by rank 0 only, atomically, checked on load.
+
+`save` writes the state (any picklable object) to a temporary file in the checkpoint directory,
+fsyncs it, renames it into place and fsyncs the directory, so a checkpoint file either holds a
+whole checkpoint or does not exist; it keeps the newest `keep` files. Each file starts with a
+header (a magic line, the payload's length and its SHA-256), so a truncated or corrupted file is
+recognised on load, skipped with a warning, and the next older one is used. `load_latest` reads
+on rank 0 and broadcasts, so every rank resumes from the same state.
+"""
+
+import hashlib
+import os
+import pickle
+import re
+import struct
+import sys
+import tempfile
+
+from ringreduce import runtime
+from ringreduce.objects import broadcast_object
+
+MAGIC = b"ringreduce checkpoint 1\n"
+_HEADER = struct.Struct("<Q32s")  # payload length, SHA-256 of the payload
+_NAME = re.compile(r"^checkpoint-(\d+)\.rr$")
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
+def path_for(directory, step):
+    return os.path.join(directory, f"checkpoint-{step:09d}.rr")
+
+
+def save(state, directory, step, keep=3):
+    """On rank 0: write `state` as the checkpoint of `step` and keep the newest `keep`. Other
+    ranks return at once (call it on every rank, as the state of every rank is the same)."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    if runtime.active().topology.rank != 0:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    target = path_for(directory, step)
+    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as f:
+            f.write(MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+    for _, old in _checkpoints(directory)[keep:]:
+        os.unlink(old)
+    return target
+
+
+def load_latest(directory, root_rank=0):
+    """(step, state) of the newest intact checkpoint in `directory`, read on `root_rank` and
+    broadcast to every rank; (None, None) when there is none. Call it on every rank."""
+    found = (None, None)
+    if runtime.active().topology.rank == root_rank:
+        for step, path in _checkpoints(directory):
+            try:
+                found = (step, read(path))
+                break
+            except CorruptCheckpoint as problem:
+                print(f"ringreduce: skipping checkpoint {path}: {problem}", file=sys.stderr, flush=True)
+    return broadcast_object(found, root_rank=root_rank, name=f"checkpoint.load.{directory}")
+
+
+def read(path):
+    """The state in one checkpoint file; CorruptCheckpoint if it is not whole."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(MAGIC):
+        raise CorruptCheckpoint("not a ringreduce checkpoint (bad header)")
+    header_end = len(MAGIC) + _HEADER.size
+    if len(data) < header_end:
+        raise CorruptCheckpoint("truncated inside its header")
+    length, digest = _HEADER.unpack(data[len(MAGIC):header_end])
+    payload = data[header_end:]
+    if len(payload) != length:
+        raise CorruptCheckpoint(f"truncated: {len(payload)} of {length} bytes")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CorruptCheckpoint("its contents do not match their checksum")
+    return pickle.loads(payload)
+
+
+def _checkpoints(directory):
+    """[(step, path)] of the checkpoint files in `directory`, newest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = [(int(m[1]), os.path.join(directory, name)) for name in os.listdir(directory) if (m := _NAME.match(name))]
+    return sorted(found, reverse=True)
+
+
+def _fsync_directory(directory):
+    """Make the rename itself durable."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,46 @@
+"""Checkpoints and rrun --restarts: a killed rank costs at most the steps since the last commit."""
+
+import json
+
+import pytest
+
+from launch import run_job
+
+pytestmark = pytest.mark.mpi
+
+
+def test_checkpoints_are_kept_atomic_and_damaged_ones_skipped(tmp_path):
+    job = run_job(2, "checkpoints.py", tmp_path / "ck", timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        (line,) = [json.loads(s[len("REPORT "):]) for s in job.lines_of(rank) if s.startswith("REPORT ")]
+        # Rank 0 wrote; the oldest of four went; no temporary file is left.
+        assert line["files"] == ["checkpoint-000000020.rr", "checkpoint-000000030.rr", "checkpoint-000000040.rr"]
+        assert line["latest"] == [40, {"step": 40, "rank": 0, "payload": list(range(40))}]
+        assert line["after_damage"] == [20, {"step": 20, "rank": 0, "payload": list(range(20))}]
+        assert line["empty"] == [None, None]
+    warnings = job.lines_of(0, "stderr")
+    assert any("checkpoint-000000040.rr: truncated" in w for w in warnings), warnings
+    assert any("checkpoint-000000030.rr: its contents do not match their checksum" in w for w in warnings), warnings
+
+
+def test_a_killed_rank_restarts_from_the_last_commit_and_ends_where_an_unbroken_run_ends(tmp_path):
+    import torch
+
+    broken, unbroken = tmp_path / "broken", tmp_path / "unbroken"
+    broken.mkdir()
+    unbroken.mkdir()
+    job = run_job(2, "torch_restart.py", "KILL", tmp_path / "ck1", broken, rrun_args=("--restarts", "1"),
+                  timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "rrun: rank 1 (on " in job.stderr and "killed by signal 9 (SIGKILL)" in job.stderr
+    assert "rrun: starting the job again (1 of 1 restarts) after it failed with status 137" in job.stderr
+    reference = run_job(2, "torch_restart.py", "NOKILL", tmp_path / "ck2", unbroken, timeout=150)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    for rank in range(2):
+        lines = job.lines_of(rank)
+        second_run = lines[lines.index("run 1 starts at step 5"):]  # the commit after step 4
+        assert second_run[1:] == [f"ran step {s}" for s in range(5, 20)]
+        got, expected = torch.load(broken / f"rank{rank}.pt"), torch.load(unbroken / f"rank{rank}.pt")
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0)
