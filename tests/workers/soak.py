@@ -14,9 +14,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import cases  # noqa: E402
-
 import ringreduce as rr  # noqa: E402
+
+import cases  # noqa: E402
 
 rr.init()
 rank, size = rr.rank(), rr.size()
