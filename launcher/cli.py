@@ -12,7 +12,7 @@ import sys
 import click
 import psutil
 
-from ringreduce.launcher import checkbuild, dialects, hosts, slurm
+from ringreduce.launcher import checkbuild, dialects, hosts, reach, slurm
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
 
@@ -79,6 +79,8 @@ def _knob_name(flag):
 @click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it.")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
+@click.option("--skip-host-check", is_flag=True,
+              help="Do not check, before starting, that every host of -H/--hostfile answers over ssh.")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start the job again after a failure, up to this many times "
                    "(the ranks see RINGREDUCE_RESTART_COUNT).")
@@ -86,7 +88,7 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_name, env_items,
-         verbose, dry_run, check_build, restarts, command, **knobs):
+         verbose, dry_run, check_build, skip_host_check, restarts, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`."""
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
@@ -107,6 +109,8 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
     dialect = dialects.dialect_of(mpiexec)
+    if placement and not (dry_run or skip_host_check):
+        reach.check_reachable([host for host, _ in placement])
     for attempt in range(restarts + 1):
         argv = dialect.command(mpiexec, dataclasses.replace(job, env={**job.env, RESTART_VARIABLE: str(attempt)}))
         if verbose or dry_run:

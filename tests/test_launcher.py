@@ -58,6 +58,13 @@ def test_mistakes_give_one_line_errors(args, message):
     assert one_line_error(rrun(*args)) == message
 
 
+def test_an_unreachable_host_is_named_before_mpi_starts():
+    # 127.0.0.2 is loopback, but not this host's name: rrun tries ssh, which nothing answers.
+    message = one_line_error(rrun("-np", "2", "-H", "localhost:1,127.0.0.2:1", sys.executable, "-c", "pass"))
+    assert message.startswith("Error: cannot reach 1 of the hosts over ssh (127.0.0.2: ssh: connect to host "
+                              "127.0.0.2 port 22: Connection refused)"), message
+
+
 def test_malformed_hostfile_line_is_named(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode1 slots=2\nnode2 slots=two\n")
