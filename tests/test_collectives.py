@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cases
-from launch import python_of, run_job
+from launch import cluster_missing, python_of, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -30,16 +30,23 @@ CONFIGS = [
     ("uneven-hosts-3", 3, {"RINGREDUCE_SIMULATED_HOSTS": "2"}, "mpich"),
     ("openmpi-3", 3, {}, "openmpi"),
     ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi"),
+    # Two real hosts (network namespaces with their own sshd, tests/cluster/up.sh), over the veth.
+    ("two-hosts-4", 4, {}, "cluster"),
 ]
+CLUSTER_ARGS = ("-H", "hosta:2,hostb:2", "--network-interface", "rrnet0")
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[c[0] for c in CONFIGS])
 def job(request, tmp_path_factory):
     """One run of the worker; the tests below read its results."""
     name, size, env, mpi = request.param
-    python = python_of(mpi)
+    on_cluster = mpi == "cluster"
+    if on_cluster and cluster_missing():
+        pytest.skip(cluster_missing())
+    python = python_of("mpich" if on_cluster else mpi)
     out = tmp_path_factory.mktemp(name)
-    result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100)
+    result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100,
+                     rrun_args=CLUSTER_ARGS if on_cluster else (), on_cluster=on_cluster)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
     objects = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
@@ -169,7 +176,8 @@ def test_expected_topology_of_simulated_hosts():
 
 def test_objects_and_topology(job, request):
     size, _, objects = job
-    hosts = int(dict(request.node.callspec.params["job"][2]).get("RINGREDUCE_SIMULATED_HOSTS", 1))
+    config = request.node.callspec.params["job"]
+    hosts = 2 if config[3] == "cluster" else int(config[2].get("RINGREDUCE_SIMULATED_HOSTS", 1))
     for rank, got in enumerate(objects):
         assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]
         assert got["allgather_object"] == [{"rank": r, "text": "x" * r} for r in range(size)]
