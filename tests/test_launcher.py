@@ -191,9 +191,12 @@ def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
             time.sleep(0.2)
         time.sleep(1.0)  # let the ranks reach their sleep
         rrun_process.send_signal(signum)
+        signalled = time.monotonic()
         _, stderr = rrun_process.communicate(timeout=30)
+        ended_within = time.monotonic() - signalled
     finally:
         rrun_process.kill()
+    assert ended_within < 5, ended_within  # every rank gets the signal, and rrun waits a grace period at most
     assert rrun_process.returncode == 128 + signum
     assert stderr.decode().strip().splitlines()[-1] == (
         f"rrun: stopped by {signal.Signals(signum).name}; every rank was ended")
