@@ -25,10 +25,17 @@ class JobSpec:
     as_root: bool = False
 
 
+# What ranks on other hosts get of rrun's environment, besides RINGREDUCE_* and -x: what finds
+# the same Python and libraries there. Nothing else leaves this host unless asked for.
+CARRIED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def carried(job):
+    return {name: os.environ[name] for name in CARRIED_VARIABLES if name in os.environ}
+
+
 class OpenMPI:
     name = "Open MPI"
-    # Open MPI does not carry the environment to other hosts unless told to.
-    carried_variables = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
     def command(self, mpiexec, job):
         args = [mpiexec, "-np", str(job.num_proc), "--bind-to", "none", "--map-by", "slot"]
@@ -45,9 +52,7 @@ class OpenMPI:
             # ringreduce's shared windows come from osc/sm; osc/ucx, where UCX offers no RMA
             # transport (TCP-only hosts, containers), prints a spurious error on every rank.
             args += ["--mca", "osc", "^ucx"]
-        env = {name: os.environ[name] for name in self.carried_variables if name in os.environ}
-        env.update(job.env)
-        for name, value in env.items():
+        for name, value in {**carried(job), **job.env}.items():  # Open MPI carries nothing by itself
             args += ["-x", f"{name}={value}"]
         return args + job.mpi_args + job.rank_command
 
@@ -72,7 +77,11 @@ class MPICH:
     @staticmethod
     def _common(job):
         args = ["-iface", job.network_interface] if job.network_interface else []
-        for name, value in job.env.items():
+        env = job.env
+        if job.placement:  # Hydra would give other hosts all of rrun's environment
+            args.append("-genvnone")
+            env = {**carried(job), **job.env}
+        for name, value in env.items():
             args += ["-genv", name, value]
         return args
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ringreduce.launcher.dialects import MPICH, IntelMPI, JobSpec, OpenMPI, detect
+from ringreduce.launcher.dialects import CARRIED_VARIABLES, MPICH, IntelMPI, JobSpec, OpenMPI, detect
 
 RANK = ["python", "-m", "ringreduce.launcher.rank", "4", "--", "python", "train.py"]
 
@@ -57,8 +57,9 @@ def test_open_mpi_leaves_a_chosen_osc_alone():
 def test_mpich_command():
     argv = MPICH().command("/opt/mpich/bin/mpiexec", job(
         placement=[("a", 3), ("b", 1)], network_interface="eth1", env={"FOO": "1"}, mpi_args=["-ppn", "3"]))
-    assert argv == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "a:3,b:1", "-iface", "eth1",
-                    "-genv", "FOO", "1", "-ppn", "3", *RANK]
+    # Across hosts Hydra passes on only what rrun names: the carried variables, then the job's.
+    assert argv == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "a:3,b:1", "-iface", "eth1", "-genvnone",
+                    *_carried("-genv"), "-genv", "FOO", "1", "-ppn", "3", *RANK]
 
 
 def test_mpich_local_run_is_minimal():
@@ -67,15 +68,15 @@ def test_mpich_local_run_is_minimal():
 
 def test_intel_mpi_puts_each_host_in_its_own_section():
     argv = IntelMPI().command("mpiexec", job(placement=[("a", 3), ("b", 1)], env={"FOO": "1"}))
-    assert argv == ["mpiexec", "-genv", "FOO", "1", "-n", "3", "-host", "a", *RANK,
+    assert argv == ["mpiexec", "-genvnone", *_carried("-genv"), "-genv", "FOO", "1", "-n", "3", "-host", "a", *RANK,
                     ":", "-n", "1", "-host", "b", *RANK]
 
 
-def _carried():
+def _carried(flag="-x"):
     import os
 
-    return [w for name in OpenMPI.carried_variables if name in os.environ
-            for w in ("-x", f"{name}={os.environ[name]}")]
+    return [w for name in CARRIED_VARIABLES if name in os.environ
+            for w in ((flag, f"{name}={os.environ[name]}") if flag == "-x" else (flag, name, os.environ[name]))]
 
 
 def _windows(argv):
