@@ -149,7 +149,7 @@ def _submit(kind, name, build):
     """Check the arguments (build returns the Message fields and the Request's arrays) and enqueue."""
     rt = runtime.active()
     name = name or rt.auto_name()
-    handle = Handle(name, waiter=rt.engine.run_inline)
+    handle = Handle(name)
     try:
         fields, data = build()
         request = Request(Message(name=name, kind=kind, **fields), handle, **data)

@@ -49,8 +49,6 @@ class Engine:
             dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0))
         self._incoming = collections.deque()
         self._wakeup = threading.Condition()
-        self._cycling = threading.Lock()  # held by whichever thread runs a cycle
-        self._pace = True
         self._pending = {}  # name -> Request, in submission order
         self._join_handle = None
         self._shutdown_handle = None
@@ -77,55 +75,31 @@ class Engine:
         self.submit((_SHUTDOWN, handle))
         self._thread.join()
 
-    def run_inline(self, handle):
-        """Called by a thread about to wait for `handle`: when no cycle is running, run the next
-        one on this thread. A small synchronous call then costs no thread hand-offs (the engine
-        thread's wake-up, then the caller's)."""
-        if handle.done() or self._shutdown_handle is not None or not self._cycling.acquire(blocking=False):
-            return
-        try:
-            self._cycle_once()
-        except BaseException as error:  # noqa: BLE001 - fail every request, as the engine thread would
-            self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
-        finally:
-            self._cycling.release()
-        with self._wakeup:
-            self._wakeup.notify()  # whatever is left is the engine thread's
-
     # ---- the engine thread --------------------------------------------------------------
 
     def _run(self):
         try:
+            pace = True
             while True:
+                waiting = self._pending or self._join_handle or self._shutdown_handle
                 with self._wakeup:
-                    busy = self._pending or self._join_handle or self._shutdown_handle
-                    ticked = False
-                    if not self._incoming and (self._pace or not busy):
-                        ticked = not self._wakeup.wait(self.config.cycle_time_ms / 1000 if busy else IDLE_SECONDS)
-                with self._cycling:
-                    if not (ticked or self._incoming or self._pending or self._join_handle or self._shutdown_handle):
-                        continue  # woken for requests a caller's own cycle has already run
-                    if self._cycle_once():
-                        break
+                    if not self._incoming and (pace or not waiting):
+                        self._wakeup.wait(self.config.cycle_time_ms / 1000 if waiting else IDLE_SECONDS)
+                    arrived = list(self._incoming)
+                    self._incoming.clear()
+                outcome, states = self._cycle(arrived)
+                if outcome.all_shut_down:
+                    break
+                # A rank with nothing in flight joins the next cycle only when it gets a request
+                # (or ticks), so waiting for it costs no pace: start that cycle at once, and its
+                # request completes it. When every rank has something in flight, keep the pace.
+                pace = all(state.waiting for state in states)
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
             self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
             raise
         finally:
             self.timeline.close()
         self._finish_shutdown()
-
-    def _cycle_once(self):
-        """One cycle with whatever has arrived (the caller holds self._cycling); True when every
-        rank has shut down."""
-        with self._wakeup:
-            arrived = list(self._incoming)
-            self._incoming.clear()
-        outcome, states = self._cycle(arrived)
-        # A rank with nothing in flight joins the next cycle only when it gets a request (or
-        # ticks), so waiting for it costs no pace: start that cycle at once, and its request
-        # completes it. When every rank has something in flight, keep the pace.
-        self._pace = all(state.waiting for state in states)
-        return outcome.all_shut_down
 
     def _cycle(self, arrived):
         started = time.perf_counter()

@@ -10,9 +10,8 @@ NEW, CACHED, ANNOUNCED = "new", "cached", "announced"
 class Handle:
     """The result of an async collective, once the engine has it: poll it or wait for it."""
 
-    def __init__(self, name, waiter=None):
+    def __init__(self, name):
         self.name = name
-        self.waiter = waiter  # called once by wait() before blocking (the engine's run_inline)
         self._done = threading.Event()
         self._result = None
         self._error = None
@@ -21,8 +20,6 @@ class Handle:
         return self._done.is_set()
 
     def wait(self):
-        if not self._done.is_set() and self.waiter is not None:
-            self.waiter(self)
         self._done.wait()
         if self._error is not None:
             raise self._error
