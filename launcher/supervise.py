@@ -105,10 +105,10 @@ class Supervisor:
             _say(f"stopped by {self.interrupted_by.name}; every rank was ended")
             return 128 + self.interrupted_by
         failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
-        if failures:
-            first = min(failures, key=lambda r: r["time"])
+        if failures:  # a rank that left while others waited, before they failed, is to blame
+            first = min(failures + [r for r in self.reports if r.get("left")], key=lambda r: r["time"])
             _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
-            code = first["code"]
+            code = first["code"] or 1
             return code if code > 0 else 128 - code
         if self.process.returncode != 0:
             _say(f"mpiexec exited with status {self.process.returncode}")
@@ -125,6 +125,8 @@ def _still_running(process):
 
 def _how(report):
     code = report["code"]
+    if report.get("left"):
+        return f"left the job while others waited for it (its script ended or called sys.exit): {report['left']}"
     if code < 0:
         how = f"killed by signal {-code} ({signal.Signals(-code).name})"
     else:

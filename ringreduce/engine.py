@@ -20,9 +20,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce import fusion, negotiation
+from ringreduce import fusion, launched, negotiation
 from ringreduce.algorithms.ring import offsets_of
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import PeerExitedError, RingReduceError
 from ringreduce.execution import Executor
 from ringreduce.requests import ANNOUNCED, CACHED, NEW
 from ringreduce.states import StateExchange
@@ -53,6 +53,7 @@ class Engine:
         self._join_handle = None
         self._shutdown_handle = None
         self._failure = None  # set if the engine itself broke: every later request gets it
+        self._reported_leaving = False
         self.states = StateExchange(comm, config.cache_capacity)
         self._waited = 0.0  # seconds this rank waited in the last negotiation
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
@@ -117,6 +118,7 @@ class Engine:
         self.stats["cycles"] += 1
         self.stats["announced"] += sum(len(a) for a in announcements)
         if outcome.responses:
+            self._report_stranded(outcome.responses)
             self._execute(outcome.responses, started)
         if outcome.join_done is not None and self._join_handle is not None:
             self._join_handle.finish(outcome.join_done)
@@ -212,6 +214,17 @@ class Engine:
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
         self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
+
+    def _report_stranded(self, responses):
+        """When this rank is leaving while others wait for it, tell rrun at once: if the others then
+        fail because of it, rrun names this rank, whose own exit status would come too late."""
+        if self._shutdown_handle is None or self._reported_leaving or not launched.under_rrun():
+            return
+        stranded = [r for r in responses if isinstance(r.error, PeerExitedError) and r.name not in self._pending]
+        if stranded:
+            self._reported_leaving = True
+            sys.stderr.buffer.write(launched.status_line(self.rank, 0, left=str(stranded[0].error)))
+            sys.stderr.flush()
 
     def _break(self, failure):
         with self._wakeup:

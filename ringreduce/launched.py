@@ -19,12 +19,14 @@ def under_rrun():
     return WORLD_SIZE_VARIABLE in os.environ
 
 
-def status_line(rank, code, last_error=None, stopped_by=None):
+def status_line(rank, code, last_error=None, stopped_by=None, left=None):
     """A report: the rank's exit status (negative: killed by that signal), its last error line,
-    and the signal rrun's side sent it, if any (then its end is not a failure of its own)."""
+    and the signal rrun's side sent it, if any (then its end is not a failure of its own). With
+    `left` (what the others wait in), code 0: the rank is leaving while others wait for it, which
+    is no failure by itself, but is to blame if the others then fail."""
     status = {
         "rank": rank, "host": socket.gethostname(), "code": code, "time": time.time(),
-        "stopped_by": stopped_by, "last_error": last_error,
+        "stopped_by": stopped_by, "last_error": last_error, "left": left,
     }
     return STATUS_PREFIX + json.dumps(status).encode() + b"\n"
 

@@ -76,8 +76,12 @@ def test_a_rank_that_raises_is_named(mpi_python):
 def test_a_rank_that_leaves_early_is_named(mode, mpi_python):
     job = run_job(2, "misbehave.py", mode, python=mpi_python, timeout=60)
     assert job.returncode != 0
-    assert "PeerExitedError: rank 1 shut down while rank 0 waited in allreduce 'after'" in job.last_line, \
-        job.last_line
+    # Rank 0 fails because rank 1 left; rrun blames rank 1, on its host.
+    assert "PeerExitedError: rank 1 shut down while rank 0 waited in allreduce 'after'" in job.stderr
+    assert job.last_line.startswith("rrun: rank 1 (on "), job.last_line
+    assert job.last_line.endswith(") failed first: left the job while others waited for it (its script ended or "
+                                  "called sys.exit): rank 1 shut down while rank 0 waited in allreduce 'after'; "
+                                  "every rank must make the same collective calls"), job.last_line
 
 
 @pytest.mark.parametrize("mode, signum", [("sigkill", signal.SIGKILL), ("segfault", signal.SIGSEGV)])
