@@ -5,6 +5,7 @@ with compression, cast) on the GPU, then copied to the host; results come back t
 so casts and scaling run on the GPU and only the wire's bytes cross the PCIe bus.
 """
 
+import bisect
 import math
 import sys
 import threading
@@ -97,6 +98,34 @@ class Workspace:
         if self._buffer.nbytes < nbytes:
             self._buffer = np.empty(nbytes, dtype=np.uint8)
         return self._buffer[:nbytes].view(dtype)
+
+
+class Concatenation:
+    """Flat arrays of one dtype read as one, without copying them together: a slice that lies in
+    one of them is a view of it, one across several is copied (the shared-memory allreduce asks
+    for pieces of at most a few MiB, so those copies stay small)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.dtype = parts[0].dtype
+        self.starts = [0, *np.cumsum([len(p) for p in parts]).tolist()]
+
+    def __len__(self):
+        return self.starts[-1]
+
+    def __getitem__(self, key):
+        start, stop, _ = key.indices(len(self))
+        pieces = []
+        index = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        while index < len(self.parts) and self.starts[index] < stop:
+            begin = self.starts[index]
+            piece = self.parts[index][max(start - begin, 0):min(stop, self.starts[index + 1]) - begin]
+            if len(piece):
+                pieces.append(piece)
+            index += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty(0, self.dtype)
 
 
 class Recycler:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ringreduce import compression, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import RECYCLER, Workspace, like, new_like, on_device, to_host
+from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, on_device, to_host
 from ringreduce.ops import ReduceOp
 
 
@@ -45,29 +45,37 @@ class Executor:
             return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
-        buffer = self._fusion_view(offsets[-1], wire)
+        new_results = not on_gpu and wire == np.dtype(message.dtype) and all(
+            r is None or r.output is None for r in requests)
         started = time.perf_counter()
-        for index, request in enumerate(requests):
-            piece = buffer[offsets[index]:offsets[index + 1]]
-            if request is None:
-                piece.fill(_identity_value(op, wire))
-            else:
-                _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
+        if new_results and message.prescale == 1.0 and self.algorithms.reads_concatenation(
+                offsets[-1] * wire.itemsize) and all(r is None or _readable_as(r.input, wire) for r in requests):
+            # The algorithm reads each piece where it lies: nothing is packed at all.
+            source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
+                                    for m, r in zip(responses, requests, strict=True)])
+        else:
+            source = self._fusion_view(offsets[-1], wire)
+            for index, request in enumerate(requests):
+                piece = source[offsets[index]:offsets[index + 1]]
+                if request is None:
+                    piece.fill(_identity_value(op, wire))
+                else:
+                    _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
         copied_in = time.perf_counter()
-        if not on_gpu and wire == np.dtype(message.dtype) and all(r is None or r.output is None for r in requests):
-            # Every result is new: reduce from the fusion buffer straight into one recycled block
-            # and hand out views of it, which saves unpacking the fusion buffer.
+        if new_results:
+            # Every result is new: reduce straight into one recycled block and hand out views of
+            # it, which saves unpacking a fusion buffer.
             block = RECYCLER.empty((offsets[-1],), message.dtype)
-            self.algorithms.allreduce(block, op, buffer)
+            self.algorithms.allreduce(block, op, source)
             reduced = time.perf_counter()
             ops.finish(block, op, self.size, message.postscale)
             outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
         else:
             outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
-            self.algorithms.allreduce(buffer, op)
+            self.algorithms.allreduce(source, op)
             reduced = time.perf_counter()
             for index, output in enumerate(outputs):
-                _store(buffer[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
+                _store(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
                 ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
@@ -84,7 +92,7 @@ class Executor:
         output = _output_for(request, message, op)
         flat, source = output.reshape(-1), None
         if request is not None and request.input is not output:
-            if message.prescale == 1.0 and _readable_as(request.input, output):
+            if message.prescale == 1.0 and _readable_as(request.input, output.dtype):
                 source = request.input.reshape(-1)
             else:
                 _copy_scaled(request.input, output, message.prescale)
@@ -161,9 +169,9 @@ def _copy_scaled(source, target, factor):
         np.multiply(source, factor, out=target, casting="unsafe")
 
 
-def _readable_as(source, output):
-    """Can the algorithms read `source` in place of `output`'s contents (same dtype, contiguous)?"""
-    return isinstance(source, np.ndarray) and source.dtype == output.dtype and source.flags.c_contiguous
+def _readable_as(source, dtype):
+    """Can the algorithms read `source` where it is, as elements of `dtype` (contiguous host array)?"""
+    return isinstance(source, np.ndarray) and source.dtype == dtype and source.flags.c_contiguous
 
 
 def _store(host, output):

@@ -74,6 +74,12 @@ class Chosen:
         """Reduce in place, or from `source` (this rank's contribution, same length and dtype) into `buf`."""
         self._pick("allreduce", buf).allreduce(buf, op, source)
 
+    def reads_concatenation(self, nbytes):
+        """Does the allreduce of `nbytes` take its `source` as an arrays.Concatenation (pieces read
+        where they lie) rather than one array? Only the shared-memory family does."""
+        family = self.small if nbytes < self.small_bytes else self.families["allreduce"]
+        return isinstance(family, SharedMemory)
+
     def reducescatter(self, buf, offsets, op):
         return self._pick("reducescatter", buf).reducescatter(buf, offsets, op)
 
