@@ -1,8 +1,8 @@
 """The background engine: after init, the only thread that talks to MPI.
 
 Callers enqueue requests and keep handles. Each cycle the engine tells the other ranks
-what it has pending (one small allgather; new names are announced in full once), runs the
-shared negotiation, and executes what is ready everywhere, fused, in the agreed order.
+what it has pending (states.py: one small allreduce in the steady state; new names are
+announced in full once), runs the shared negotiation, and executes what is ready everywhere, fused, in the agreed order.
 
 Between cycles the engine sleeps until a request arrives or the cycle time passes: the
 cycle time bounds how long a ready request waits, it does not delay a lone call. A rank with

@@ -6,7 +6,7 @@ then runs this same pure logic on the same data, so all of them reach the same d
 without a round trip to a coordinator: they all act as the coordinator. A request's
 name is ready when every rank has submitted it (a rank that has joined stands in for an
 allreduce with the op's identity); the ranks' submissions must agree, or every rank gets the
-same error. The cache makes a training loop's steady state one small allgather per cycle.
+same error. The cache makes a training loop's steady state one bit per name and cycle.
 """
 
 import collections
