@@ -146,8 +146,12 @@ class Executor:
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
         work = self.workspace.get(math.prod(message.shape), message.dtype).reshape(message.shape)
-        _copy_scaled(request.input, work, message.prescale)
-        mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op)
+        source = None
+        if message.prescale == 1.0 and _readable_as(request.input, work.dtype):
+            source = request.input.reshape(-1)  # read where it is, not copied into the workspace
+        else:
+            _copy_scaled(request.input, work, message.prescale)
+        mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op, source)
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
         np.copyto(result.reshape(-1), mine)
         ops.finish(result.reshape(-1), op, self.size, message.postscale)

@@ -1,9 +1,9 @@
 """The collective algorithms, and the choice among them that RINGREDUCE_ALGORITHM makes.
 
 Every family takes flat contiguous arrays and element offsets and works in place (allreduce
-may also read this rank's contribution from a separate `source`, which saves a copy of it;
-reducescatter returns this rank's segment, which may be a view of `buf`); the layer above
-handles shapes, dtypes, scaling and copies.
+and reducescatter may also read this rank's contribution from a separate `source`, which saves
+a copy of it; reducescatter returns this rank's segment, which may be a view of `buf`); the
+layer above handles shapes, dtypes, scaling and copies.
 """
 
 import numpy as np
@@ -40,7 +40,9 @@ class RingAlgorithms:
         scratch = self.workspace.get(len(buf) // self.transport.size + 1, buf.dtype)
         ring.allreduce(self.transport, buf, ops.ufunc(op), scratch, self._chunk(buf))
 
-    def reducescatter(self, buf, offsets, op):
+    def reducescatter(self, buf, offsets, op, source=None):
+        if source is not None:
+            buf[:] = source
         scratch = self.workspace.get(int(np.max(np.diff(offsets))), buf.dtype)
         ring.reduce_scatter(self.transport, buf, offsets, ops.ufunc(op), scratch, self._chunk(buf))
         rank = self.transport.rank
@@ -80,8 +82,9 @@ class Chosen:
         family = self.small if nbytes < self.small_bytes else self.families["allreduce"]
         return isinstance(family, SharedMemory)
 
-    def reducescatter(self, buf, offsets, op):
-        return self._pick("reducescatter", buf).reducescatter(buf, offsets, op)
+    def reducescatter(self, buf, offsets, op, source=None):
+        """This rank's segment of the reduction of every rank's `buf` (or `source`, into `buf`)."""
+        return self._pick("reducescatter", buf).reducescatter(buf, offsets, op, source)
 
     def allgather(self, buf, offsets):
         self._pick("allgather", buf).allgather(buf, offsets)

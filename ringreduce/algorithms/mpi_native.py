@@ -33,10 +33,11 @@ class MPIAlgorithms:
         send = MPI.IN_PLACE if source is None else _typed(source)
         self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
 
-    def reducescatter(self, buf, offsets, op):
+    def reducescatter(self, buf, offsets, op, source=None):
         counts = np.diff(offsets).tolist()
         result = np.empty(counts[self.comm.rank], dtype=buf.dtype)
-        self.wait([self.comm.Ireduce_scatter(_typed(buf), _typed(result), counts, _MPI_OPS[op])])
+        send = buf if source is None else source
+        self.wait([self.comm.Ireduce_scatter(_typed(send), _typed(result), counts, _MPI_OPS[op])])
         return result
 
     def allgather(self, buf, offsets):

@@ -30,10 +30,11 @@ class SharedMemory:
     def allreduce(self, buf, op, source=None):
         self._reduce(buf, op, 0, len(buf), buf if source is None else source)
 
-    def reducescatter(self, buf, offsets, op):
-        """Reduce every rank's `buf`; this rank's segment of it holds the result (returned)."""
+    def reducescatter(self, buf, offsets, op, source=None):
+        """Reduce every rank's `buf` (or `source`); this rank's segment of `buf` holds the result
+        (returned)."""
         rank = self.segment.rank
-        self._reduce(buf, op, offsets[rank], offsets[rank + 1], buf)
+        self._reduce(buf, op, offsets[rank], offsets[rank + 1], buf if source is None else source)
         return buf[offsets[rank]:offsets[rank + 1]]
 
     def allgather(self, buf, offsets):
