@@ -32,6 +32,7 @@ CONFIGS = [
     ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi"),
     # Two real hosts (network namespaces with their own sshd, tests/cluster/up.sh), over the veth.
     ("two-hosts-4", 4, {}, "cluster"),
+    ("two-hosts-openmpi-4", 4, {}, "cluster-openmpi"),
 ]
 CLUSTER_ARGS = ("-H", "hosta:2,hostb:2", "--network-interface", "rrnet0")
 
@@ -40,10 +41,10 @@ CLUSTER_ARGS = ("-H", "hosta:2,hostb:2", "--network-interface", "rrnet0")
 def job(request, tmp_path_factory):
     """One run of the worker; the tests below read its results."""
     name, size, env, mpi = request.param
-    on_cluster = mpi == "cluster"
+    on_cluster = mpi.startswith("cluster")
     if on_cluster and cluster_missing():
         pytest.skip(cluster_missing())
-    python = python_of("mpich" if on_cluster else mpi)
+    python = python_of({"cluster": "mpich", "cluster-openmpi": "openmpi"}.get(mpi, mpi))
     out = tmp_path_factory.mktemp(name)
     result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100,
                      rrun_args=CLUSTER_ARGS if on_cluster else (), on_cluster=on_cluster)
@@ -177,7 +178,7 @@ def test_expected_topology_of_simulated_hosts():
 def test_objects_and_topology(job, request):
     size, _, objects = job
     config = request.node.callspec.params["job"]
-    hosts = 2 if config[3] == "cluster" else int(config[2].get("RINGREDUCE_SIMULATED_HOSTS", 1))
+    hosts = 2 if config[3].startswith("cluster") else int(config[2].get("RINGREDUCE_SIMULATED_HOSTS", 1))
     for rank, got in enumerate(objects):
         assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]
         assert got["allgather_object"] == [{"rank": r, "text": "x" * r} for r in range(size)]
