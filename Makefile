@@ -45,8 +45,8 @@ bench: install
 # The two-host test cluster on this machine (root): network namespaces hosta and hostb, each
 # with its own sshd (Debian's openssh-server, installed if missing). tests/cluster/down.sh undoes it.
 cluster:
-	@test -x /usr/sbin/sshd || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server \
-		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server)
+	@test -x /usr/sbin/sshd || DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq openssh-server \
+		|| (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq openssh-server)
 	tests/cluster/up.sh
 
 # Random collectives across 3 ranks, each checked against numpy (the tests run a short one).
