@@ -22,57 +22,70 @@ class StateExchange:
     def __init__(self, comm, cache_capacity):
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
-        slot_bytes = (cache_capacity + 7) // 8
-        rank_bytes = (self.size + 7) // 8
+        self._slot_bytes = (cache_capacity + 7) // 8
         # Full row: flags, microseconds waited (uint32), cache bits.
-        self._row = np.zeros(5 + slot_bytes, dtype=np.uint8)
+        self._row = np.zeros(5 + self._slot_bytes, dtype=np.uint8)
         self._rows = np.zeros((self.size, len(self._row)), dtype=np.uint8)
-        # Summary: one bit per rank for each flag, each rank's wait, cache bits, their complements.
-        self._flags_end = FLAG_BITS * rank_bytes
-        self._waits_end = self._flags_end + 4 * self.size
-        self._summary = np.zeros(self._waits_end + 2 * slot_bytes, dtype=np.uint8)
-        self._reduced = np.zeros_like(self._summary)
+        # Summary, built from Python ints (faster than numpy at these sizes): one bit per rank
+        # for each flag, each rank's wait, the cache bits, their complements.
+        self._flag_bytes = (FLAG_BITS * self.size + 7) // 8
+        self._all_slots = (1 << (8 * self._slot_bytes)) - 1
+        self._other_flags = sum(((1 << self.size) - 1) << (bit * self.size)
+                                for bit in range(FLAG_BITS) if 1 << bit != WAITING)
+        self._reduced = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
         self.gathers = 0  # cycles that needed the full rows
 
     def exchange(self, flags, waited_seconds, slots):
         """Every rank's RankState, this rank's given by `flags`, `waited_seconds` and cache `slots`."""
         micros = min(int(waited_seconds * 1e6), 2**32 - 1)
-        bits = np.zeros(len(self._row) - 5, dtype=np.uint8)
+        bits = 0
         for slot in slots:
-            bits[slot // 8] |= 0x80 >> (slot % 8)
-        summary = self._summary
-        summary[:] = 0
-        flag_fields = summary[:self._flags_end].reshape(FLAG_BITS, -1)
+            bits |= 1 << slot
+        flag_word = 0
         for bit in range(FLAG_BITS):
             if flags & (1 << bit):
-                flag_fields[bit, self.rank // 8] |= 0x80 >> (self.rank % 8)
-        summary[self._flags_end:self._waits_end].view(np.uint32)[self.rank] = micros
-        summary[self._waits_end:self._waits_end + len(bits)] = bits
-        summary[self._waits_end + len(bits):] = ~bits
-        wait_all([self.comm.Iallreduce(summary, self._reduced, op=MPI.BOR)])
-        reduced = self._reduced
-        per_flag = np.unpackbits(reduced[:self._flags_end].reshape(FLAG_BITS, -1), axis=1)[:, :self.size]
-        some = reduced[self._waits_end:self._waits_end + len(bits)]
-        everywhere = ~reduced[self._waits_end + len(bits):]
-        others = [bit for bit in range(FLAG_BITS) if 1 << bit != WAITING]
-        if not per_flag[others].any() and np.array_equal(some, everywhere):
-            rank_flags = (per_flag * (1 << np.arange(FLAG_BITS))[:, None]).sum(axis=0).tolist()
-            waits = reduced[self._flags_end:self._waits_end].view(np.uint32).tolist()
-            common = tuple(np.flatnonzero(np.unpackbits(everywhere)).tolist())
-            return [RankState(f, common, w / 1e6) for f, w in zip(rank_flags, waits, strict=True)]
-        return self._gather_rows(flags, micros, bits)
+                flag_word |= 1 << (bit * self.size + self.rank)
+        waits = bytearray(4 * self.size)
+        waits[4 * self.rank:4 * self.rank + 4] = micros.to_bytes(4, "little")
+        summary = (flag_word.to_bytes(self._flag_bytes, "little") + waits
+                   + bits.to_bytes(self._slot_bytes, "little")
+                   + (self._all_slots ^ bits).to_bytes(self._slot_bytes, "little"))
+        wait_all([self.comm.Iallreduce([summary, MPI.BYTE], [self._reduced, MPI.BYTE], op=MPI.BOR)])
+        reduced = bytes(self._reduced)
+        flag_end, waits_end = self._flag_bytes, self._flag_bytes + 4 * self.size
+        flag_word = int.from_bytes(reduced[:flag_end], "little")
+        some = int.from_bytes(reduced[waits_end:waits_end + self._slot_bytes], "little")
+        everywhere = self._all_slots ^ int.from_bytes(reduced[waits_end + self._slot_bytes:], "little")
+        if flag_word & self._other_flags or some != everywhere:
+            return self._gather_rows(flags, micros, slots)
+        rank_flags = [sum(((flag_word >> (bit * self.size + r)) & 1) << bit for bit in range(FLAG_BITS))
+                      for r in range(self.size)]
+        waited = [int.from_bytes(reduced[flag_end + 4 * r:flag_end + 4 * r + 4], "little") / 1e6
+                  for r in range(self.size)]
+        common = tuple(_set_bits(everywhere))
+        return [RankState(f, common, w) for f, w in zip(rank_flags, waited, strict=True)]
 
-    def _gather_rows(self, flags, micros, bits):
+    def _gather_rows(self, flags, micros, slots):
         self.gathers += 1
         row = self._row
+        row[:] = 0
         row[0] = flags
         row[1:5].view(np.uint32)[0] = micros
-        row[5:] = bits
+        for slot in slots:
+            row[5 + slot // 8] |= 0x80 >> (slot % 8)
         wait_all([self.comm.Iallgather(row, self._rows)])
         rows = self._rows
-        ranks, slots = np.nonzero(np.unpackbits(rows[:, 5:], axis=1))
+        ranks, found = np.nonzero(np.unpackbits(rows[:, 5:], axis=1))
         per_rank = [[] for _ in range(self.size)]
-        for rank, slot in zip(ranks.tolist(), slots.tolist(), strict=True):
+        for rank, slot in zip(ranks.tolist(), found.tolist(), strict=True):
             per_rank[rank].append(slot)
         waits = rows[:, 1:5].copy().view(np.uint32)[:, 0].tolist()
         return [RankState(f, tuple(s), w / 1e6) for f, s, w in zip(rows[:, 0].tolist(), per_rank, waits, strict=True)]
+
+
+def _set_bits(word):
+    """The positions of the bits set in `word`, lowest first."""
+    while word:
+        low = word & -word
+        yield low.bit_length() - 1
+        word ^= low
