@@ -105,8 +105,11 @@ class Supervisor:
             _say(f"stopped by {self.interrupted_by.name}; every rank was ended")
             return 128 + self.interrupted_by
         failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
-        if failures:  # a rank that left while others waited, before they failed, is to blame
-            first = min(failures + [r for r in self.reports if r.get("left")], key=lambda r: r["time"])
+        if failures:  # a rank that left while others waited is to blame for their PeerExitedError
+            leaving = [r for r in self.reports if r.get("left")]
+            first = min(failures + leaving, key=lambda r: r["time"])
+            if leaving and "PeerExitedError" in (first["last_error"] or ""):
+                first = min(leaving, key=lambda r: r["time"])
             _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
             code = first["code"] or 1
             return code if code > 0 else 128 - code

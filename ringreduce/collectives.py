@@ -7,6 +7,8 @@ instead of the others waiting forever. Out-of-place calls write a new array; the
 not change until the handle is done. The in-place forms write into the array they are given.
 """
 
+import threading
+
 import numpy as np
 
 from ringreduce import arrays, ops, runtime
@@ -74,43 +76,43 @@ def alltoall_async(tensor, splits=None, name=None):
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
               compression=Compression.none):
-    return synchronize(allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression))
+    return _synchronously(lambda: allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression))
 
 
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                compression=Compression.none):
-    return synchronize(allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression))
+    return _synchronously(lambda: allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression))
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       compression=Compression.none):
-    return synchronize(grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                               compression))
+    return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                                          compression))
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+    return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 
 
 def allgather(tensor, name=None):
-    return synchronize(allgather_async(tensor, name))
+    return _synchronously(lambda: allgather_async(tensor, name))
 
 
 def broadcast(tensor, root_rank, name=None):
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return _synchronously(lambda: broadcast_async(tensor, root_rank, name))
 
 
 def broadcast_(tensor, root_rank, name=None):
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return _synchronously(lambda: broadcast_async_(tensor, root_rank, name))
 
 
 def alltoall(tensor, splits=None, name=None):
-    return synchronize(alltoall_async(tensor, splits, name))
+    return _synchronously(lambda: alltoall_async(tensor, splits, name))
 
 
 def barrier():
     """Return only when every rank has called barrier."""
-    synchronize(_submit("barrier", None, lambda: ({}, {})))
+    _synchronously(lambda: _submit("barrier", None, lambda: ({}, {})))
 
 
 def join():
@@ -145,6 +147,21 @@ class GroupHandle:
         return [h.wait() for h in self.handles]
 
 
+_calling = threading.local()  # .synchronously: inside a plain (waiting) call on this thread
+
+
+def _synchronously(start):
+    """Start a request (start() returns its handle) and wait for it. The engine thread is not
+    woken for it: this thread runs the cycles itself while no other thread runs one, which
+    spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
+    _calling.synchronously = True
+    try:
+        handle = start()
+    finally:
+        _calling.synchronously = False
+    return runtime.active().engine.wait_for(handle)
+
+
 def _submit(kind, name, build):
     """Check the arguments (build returns the Message fields and the Request's arrays) and enqueue."""
     rt = runtime.active()
@@ -155,7 +172,7 @@ def _submit(kind, name, build):
         request = Request(Message(name=name, kind=kind, **fields), handle, **data)
     except (TypeError, ValueError) as error:
         request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
-    rt.engine.submit(request)
+    rt.engine.submit(request, wake=not getattr(_calling, "synchronously", False))
     return handle
 
 

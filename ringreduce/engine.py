@@ -49,6 +49,8 @@ class Engine:
             dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0))
         self._incoming = collections.deque()
         self._wakeup = threading.Condition()
+        self._cycling = threading.Lock()  # held by whichever thread runs a cycle
+        self._pace = True
         self._pending = {}  # name -> Request, in submission order
         self._join_handle = None
         self._shutdown_handle = None
@@ -61,13 +63,15 @@ class Engine:
 
     # ---- the caller's side ------------------------------------------------------------
 
-    def submit(self, request):
+    def submit(self, request, wake=True):
+        """Queue a request; `wake=False` when the caller will run the cycles itself (wait_for)."""
         with self._wakeup:
             if self._failure is not None:
                 request.handle.finish(error=self._failure)
                 return
             self._incoming.append(request)
-            self._wakeup.notify()
+            if wake:
+                self._wakeup.notify()
 
     def join(self, handle):
         self.submit((_JOIN, handle))
@@ -76,31 +80,59 @@ class Engine:
         self.submit((_SHUTDOWN, handle))
         self._thread.join()
 
+    def wait_for(self, handle):
+        """Wait for `handle`, running the cycles on this thread while no other thread runs one;
+        hand over to the engine thread when one does, or when every rank is waiting on others."""
+        while not handle.done():
+            if self._shutdown_handle is not None or not self._cycling.acquire(blocking=False):
+                break
+            try:
+                self._cycle_once()
+            except BaseException as error:  # noqa: BLE001 - fail every request, as the engine thread would
+                self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
+            finally:
+                self._cycling.release()
+            if self._pace:  # every rank has something in flight: keep the cycle time, on the engine thread
+                break
+        with self._wakeup:
+            if self._incoming or self._pending or self._join_handle or self._shutdown_handle:
+                self._wakeup.notify()
+        return handle.wait()
+
     # ---- the engine thread --------------------------------------------------------------
 
     def _run(self):
         try:
-            pace = True
             while True:
-                waiting = self._pending or self._join_handle or self._shutdown_handle
                 with self._wakeup:
-                    if not self._incoming and (pace or not waiting):
-                        self._wakeup.wait(self.config.cycle_time_ms / 1000 if waiting else IDLE_SECONDS)
-                    arrived = list(self._incoming)
-                    self._incoming.clear()
-                outcome, states = self._cycle(arrived)
-                if outcome.all_shut_down:
-                    break
-                # A rank with nothing in flight joins the next cycle only when it gets a request
-                # (or ticks), so waiting for it costs no pace: start that cycle at once, and its
-                # request completes it. When every rank has something in flight, keep the pace.
-                pace = all(state.waiting for state in states)
+                    busy = self._pending or self._join_handle or self._shutdown_handle
+                    ticked = False
+                    if not self._incoming and (self._pace or not busy):
+                        ticked = not self._wakeup.wait(self.config.cycle_time_ms / 1000 if busy else IDLE_SECONDS)
+                with self._cycling:
+                    if not (ticked or self._incoming or self._pending or self._join_handle or self._shutdown_handle):
+                        continue  # woken for requests that a waiting caller's cycles already ran
+                    if self._cycle_once():
+                        break
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
             self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
             raise
         finally:
             self.timeline.close()
         self._finish_shutdown()
+
+    def _cycle_once(self):
+        """One cycle with whatever has arrived (the caller holds self._cycling); True when every
+        rank has shut down."""
+        with self._wakeup:
+            arrived = list(self._incoming)
+            self._incoming.clear()
+        outcome, states = self._cycle(arrived)
+        # A rank with nothing in flight joins the next cycle only when it gets a request (or
+        # ticks), so waiting for it costs no pace: start that cycle at once, and its request
+        # completes it. When every rank has something in flight, keep the pace.
+        self._pace = all(state.waiting for state in states)
+        return outcome.all_shut_down
 
     def _cycle(self, arrived):
         started = time.perf_counter()
