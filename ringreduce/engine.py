@@ -1,8 +1,11 @@
-"""The background engine: after init, the only thread that talks to MPI.
+"""The background engine: after init, the cycles that talk to MPI run one at a time, under a lock.
 
 Callers enqueue requests and keep handles. Each cycle the engine tells the other ranks
 what it has pending (states.py: one small allreduce in the steady state; new names are
-announced in full once), runs the shared negotiation, and executes what is ready everywhere, fused, in the agreed order.
+announced in full once), runs the shared negotiation, and executes what is ready everywhere,
+fused, in the agreed order. The cycles run on the engine thread, or on a caller's thread that
+waits for its own request while no other thread runs one (wait_for): any thread can run a
+rank's next cycle, as long as the cycles run one after the other.
 
 Between cycles the engine sleeps until a request arrives or the cycle time passes: the
 cycle time bounds how long a ready request waits, it does not delay a lone call. A rank with
@@ -88,8 +91,10 @@ class Engine:
                 break
             try:
                 self._cycle_once()
-            except BaseException as error:  # noqa: BLE001 - fail every request, as the engine thread would
+            except BaseException as error:  # a cycle cut short leaves the ranks out of step: fail everything
                 self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
+                if not isinstance(error, Exception):
+                    raise  # Ctrl-C or exit in the caller's thread: the caller's, not the request's
             finally:
                 self._cycling.release()
             if self._pace:  # every rank has something in flight: keep the cycle time, on the engine thread

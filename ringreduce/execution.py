@@ -92,10 +92,7 @@ class Executor:
         output = _output_for(request, message, op)
         flat, source = output.reshape(-1), None
         if request is not None and request.input is not output:
-            if message.prescale == 1.0 and _readable_as(request.input, output.dtype):
-                source = request.input.reshape(-1)
-            else:
-                _copy_scaled(request.input, output, message.prescale)
+            source = _contribution(request.input, output, message.prescale)
         elif request is not None:
             ops.scale(flat, message.prescale)
         self.algorithms.allreduce(flat, op, source)
@@ -146,11 +143,7 @@ class Executor:
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
         work = self.workspace.get(math.prod(message.shape), message.dtype).reshape(message.shape)
-        source = None
-        if message.prescale == 1.0 and _readable_as(request.input, work.dtype):
-            source = request.input.reshape(-1)  # read where it is, not copied into the workspace
-        else:
-            _copy_scaled(request.input, work, message.prescale)
+        source = _contribution(request.input, work, message.prescale)
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op, source)
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
         np.copyto(result.reshape(-1), mine)
@@ -171,6 +164,15 @@ def _copy_scaled(source, target, factor):
         np.copyto(target, source, casting="unsafe")
     else:
         np.multiply(source, factor, out=target, casting="unsafe")
+
+
+def _contribution(array, target, factor):
+    """Where the algorithms read this rank's contribution: `array` itself, flat, when it needs no
+    scaling and they can read it as it is; else None, after copying it, scaled, into `target`."""
+    if factor == 1.0 and _readable_as(array, target.dtype):
+        return array.reshape(-1)
+    _copy_scaled(array, target, factor)
+    return None
 
 
 def _readable_as(source, dtype):

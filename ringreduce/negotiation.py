@@ -20,6 +20,11 @@ from ringreduce.errors import PeerExitedError, RingReduceError, StallError
 ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING = 1, 2, 4, 8, 16
 
 
+def _flag(bit, doc):
+    """A RankState property: is this flag set?"""
+    return property(lambda state: bool(state.flags & bit), doc=doc)
+
+
 @dataclasses.dataclass(frozen=True)
 class RankState:
     """What one rank's row says this cycle."""
@@ -28,22 +33,10 @@ class RankState:
     slots: tuple  # the cache slots of the requests it has pending
     waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
 
-    @property
-    def joined(self):
-        return bool(self.flags & JOINED)
-
-    @property
-    def shutting_down(self):
-        return bool(self.flags & SHUTTING_DOWN)
-
-    @property
-    def stalled(self):
-        return bool(self.flags & STALLED)
-
-    @property
-    def waiting(self):
-        """It has requests (or a join or shutdown) in flight."""
-        return bool(self.flags & WAITING)
+    joined = _flag(JOINED, "It has called join().")
+    shutting_down = _flag(SHUTTING_DOWN, "It is shutting down.")
+    stalled = _flag(STALLED, "Its stall shutdown time has passed.")
+    waiting = _flag(WAITING, "It has requests (or a join or shutdown) in flight.")
 
 
 class Cache:
