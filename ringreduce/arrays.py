@@ -101,9 +101,8 @@ class Workspace:
 
 
 class Concatenation:
-    """Flat arrays of one dtype read as one, without copying them together: a slice that lies in
-    one of them is a view of it, one across several is copied (the shared-memory allreduce asks
-    for pieces of at most a few MiB, so those copies stay small)."""
+    """Flat arrays of one dtype read as one, without copying them together: `spans` hands out
+    views of the arrays that a range covers, so an algorithm reads every element where it lies."""
 
     def __init__(self, parts):
         self.parts = parts
@@ -113,19 +112,22 @@ class Concatenation:
     def __len__(self):
         return self.starts[-1]
 
-    def __getitem__(self, key):
-        start, stop, _ = key.indices(len(self))
-        pieces = []
+    def spans(self, start, stop):
+        """(offset from `start`, view) for each stretch of [start, stop) that lies in one array."""
         index = max(bisect.bisect_right(self.starts, start) - 1, 0)
         while index < len(self.parts) and self.starts[index] < stop:
             begin = self.starts[index]
-            piece = self.parts[index][max(start - begin, 0):min(stop, self.starts[index + 1]) - begin]
-            if len(piece):
-                pieces.append(piece)
+            lo, hi = max(start, begin), min(stop, self.starts[index + 1])
+            if lo < hi:
+                yield lo - start, self.parts[index][lo - begin:hi - begin]
             index += 1
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces) if pieces else np.empty(0, self.dtype)
+
+
+def spans(source, start, stop):
+    """(offset from `start`, view) covering source[start:stop], for an array or a Concatenation."""
+    if isinstance(source, Concatenation):
+        return source.spans(start, stop)
+    return [(0, source[start:stop])]
 
 
 class Recycler:

@@ -10,6 +10,7 @@ import pytest
 
 from ringreduce.algorithms import SMALL_BYTES, pairwise, plan, ring, tree
 from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.arrays import Concatenation
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.ops import ReduceOp
@@ -198,6 +199,36 @@ def test_shared_memory_allreduce(size, piece_bytes):
         expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
         for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
             np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_shared_memory_allreduce_reads_a_concatenation_in_place(size):
+    """Fused tensors of ragged lengths (empty ones too), read where they lie: pieces of 3 elements
+    per rank cross their boundaries everywhere; the result lands in a separate buffer."""
+    lengths = [5, 0, 1, 7, 2, 0, 11, 3]
+    host = shared_host(size, 24)
+
+    def work(segment):
+        parts = [data(segment.rank + 7 * i, n) for i, n in enumerate(lengths)]
+        out = np.empty(sum(lengths), np.int64)
+        SharedMemory(segment).allreduce(out, ReduceOp.SUM, Concatenation(parts))
+        return out
+
+    expected = np.sum([np.concatenate([data(r + 7 * i, n) for i, n in enumerate(lengths)])
+                       for r in range(size)], axis=0, dtype=np.int64)
+    for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_concatenation_spans_are_views_that_cover_the_range_exactly():
+    parts = [np.arange(4), np.arange(0), np.arange(10, 13), np.arange(20, 22)]
+    joined = Concatenation(parts)
+    for start, stop in [(0, 9), (3, 6), (4, 7), (5, 5), (8, 9), (0, 0)]:
+        pieces = list(joined.spans(start, stop))
+        assert all(any(np.shares_memory(view, part) for part in parts) for _, view in pieces)
+        covered = np.concatenate([view for _, view in pieces]) if pieces else np.empty(0, int)
+        np.testing.assert_array_equal(covered, np.concatenate(parts)[start:stop])
+        assert [offset for offset, _ in pieces] == list(np.cumsum([0] + [len(v) for _, v in pieces])[:-1])
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -13,6 +13,7 @@ exactly one rank, so every rank gets the same bits.
 """
 
 from ringreduce import ops
+from ringreduce.arrays import spans
 from ringreduce.algorithms.ring import even_counts, offsets_of
 
 
@@ -63,35 +64,44 @@ class SharedMemory:
             yield start, part, self.segment.area(buf.dtype, len(part))
 
     def _reduce(self, buf, op, keep_start, keep_stop, source):
-        """Reduce `source` over every rank (and host); write the result into `buf` in [keep_start, keep_stop)."""
+        """Reduce `source` (an array or an arrays.Concatenation) over every rank (and host); write
+        the result into `buf` in [keep_start, keep_stop)."""
         combine = ops.ufunc(op)
         ranks, rank = self.segment.size, self.segment.rank
         piece = self.segment.area_bytes // ranks // buf.dtype.itemsize
         for start in range(0, len(buf), piece):
-            part, contribution = buf[start:start + piece], source[start:start + piece]
+            part = buf[start:start + piece]
             slots = self.segment.area(buf.dtype, piece * ranks).reshape(ranks, piece)[:, :len(part)]
             bounds = offsets_of(even_counts(len(part), ranks))
             for other in range(ranks):
                 if other != rank:
-                    slots[rank, bounds[other]:bounds[other + 1]] = contribution[bounds[other]:bounds[other + 1]]
+                    lo = bounds[other]
+                    for offset, view in spans(source, start + lo, start + bounds[other + 1]):
+                        slots[rank, lo + offset:lo + offset + len(view)] = view
             self.segment.barrier()
-            mine = slice(bounds[rank], bounds[rank + 1])
-            sources = [contribution[mine] if r == rank else slots[r, mine] for r in range(ranks)]
-            reduced = slots[rank, mine]
-            if ranks == 1:
-                reduced[:] = sources[0]
-            else:
-                combine(sources[0], sources[1], out=reduced)
-            for other_slice in sources[2:]:
-                combine(reduced, other_slice, out=reduced)
+            lo = bounds[rank]
+            for offset, view in spans(source, start + lo, start + bounds[rank + 1]):
+                mine = slice(lo + offset, lo + offset + len(view))
+                _combine_in_rank_order(combine, [view if r == rank else slots[r, mine] for r in range(ranks)],
+                                       slots[rank, mine])
             if self.cross_allreduce is not None:
-                self.cross_allreduce(reduced, op)
+                self.cross_allreduce(slots[rank, lo:bounds[rank + 1]], op)
             self.segment.barrier()
             keep_lo, keep_hi = _clip(keep_start, keep_stop, start, len(part))
             for owner in range(ranks):
                 lo, hi = max(bounds[owner], keep_lo), min(bounds[owner + 1], keep_hi)
                 if lo < hi:
                     part[lo:hi] = slots[owner, lo:hi]
+
+
+def _combine_in_rank_order(combine, sources, reduced):
+    """reduced = sources[0] op sources[1] op ..., left to right, so every rank gets the same bits."""
+    if len(sources) == 1:
+        reduced[:] = sources[0]
+        return
+    combine(sources[0], sources[1], out=reduced)
+    for other in sources[2:]:
+        combine(reduced, other, out=reduced)
 
 
 def _clip(span_start, span_stop, start, length):
