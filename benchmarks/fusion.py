@@ -49,7 +49,7 @@ def main():
     # The same gradients as views of one buffer: the engine's work is the same, the memory is
     # the concatenated buffer's (161 separate arrays read slower on this VM, also in one pass).
     views = np.split(flat.copy(), np.cumsum([g.size for g in grads])[:-1])
-    views = [v.reshape(g.shape) for v, g in zip(views, grads)]
+    views = [v.reshape(g.shape) for v, g in zip(views, grads, strict=True)]
 
     def fused(compression=rr.Compression.none, tensors=grads):
         handles = [rr.allreduce_async(g, op=rr.Sum, name=f"grad.{i}", compression=compression)

@@ -26,6 +26,7 @@ class Message:
     prescale: float = 1.0
     postscale: float = 1.0
     compression: str = "none"
+    device: str = "cpu"  # where the arrays live: "cpu" (numpy) or "cuda" (CuPy)
     problem: tuple | None = None  # (exception class name, message) when the arguments were invalid
 
     @property
@@ -50,6 +51,7 @@ _OTHER_FIELDS = (
     ("prescale_factor", lambda m: repr(m.prescale)),
     ("postscale_factor", lambda m: repr(m.postscale)),
     ("compression", lambda m: m.compression),
+    ("array device", lambda m: m.device),
 )
 
 

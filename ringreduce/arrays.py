@@ -1,8 +1,8 @@
 """The array backends: numpy on the CPU, CuPy on the GPU, and the scratch memory the core reuses.
 
-The collectives run on host buffers. A CuPy array is staged through them: converted (and,
-with compression, cast) on the GPU, then copied to the host; results come back the same way,
-so casts and scaling run on the GPU and only the wire's bytes cross the PCIe bus.
+A CuPy array arrives as it is (a CUDA torch tensor reaches one by DLPack, without a copy);
+the engine runs its collectives on the GPU (device_execution.py). Nothing here imports CuPy:
+arrays are told apart by their type's module.
 """
 
 import bisect
@@ -29,6 +29,11 @@ def as_array(value):
 def on_device(array):
     """A CuPy array? (Told without importing CuPy, which is slow and may have no GPU to use.)"""
     return type(array).__module__.split(".")[0] == "cupy"
+
+
+def device_of(array):
+    """Where an array lives, as the ranks compare it: "cuda" for CuPy, else "cpu"."""
+    return "cuda" if on_device(array) else "cpu"
 
 
 def module_of(array):

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from ringreduce import arrays, ops, runtime
+from ringreduce import arrays, gpu, ops, runtime
 from ringreduce import compression as compressions
 from ringreduce.agreement import Message
 from ringreduce.compression import Compression
@@ -169,6 +169,8 @@ def _submit(kind, name, build):
     handle = Handle(name)
     try:
         fields, data = build()
+        if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
+            data["ready"] = gpu.ready_event()
         request = Request(Message(name=name, kind=kind, **fields), handle, **data)
     except (TypeError, ValueError) as error:
         request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
@@ -183,15 +185,20 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     op = ops.as_op(op)
     prescale, postscale = float(prescale_factor), float(postscale_factor)
     ops.check_op(op, array.dtype, prescale, postscale)
-    fields = dict(dtype=array.dtype.name, shape=array.shape, op=int(op), prescale=prescale,
-                  postscale=postscale, compression=compressions.check(compression))
+    fields = _about(array, op=int(op), prescale=prescale, postscale=postscale,
+                    compression=compressions.check(compression))
     # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
     return fields, dict(input=array, output=array if in_place else None)
 
 
+def _about(array, **fields):
+    """The Message fields that describe a call's array, which every rank's must match."""
+    return dict(dtype=array.dtype.name, shape=array.shape, device=arrays.device_of(array), **fields)
+
+
 def _gathered(array):
     arrays.check_dtype(array)
-    return dict(dtype=array.dtype.name, shape=array.shape), dict(input=array)
+    return _about(array), dict(input=array)
 
 
 def _broadcast(tensor, root_rank, in_place):
@@ -206,14 +213,14 @@ def _broadcast(tensor, root_rank, in_place):
         output = arrays.fresh_copy(array)
     else:
         output = arrays.new_like(array)
-    return dict(dtype=array.dtype.name, shape=array.shape, root=int(root_rank)), dict(output=output)
+    return _about(array, root=int(root_rank)), dict(output=output)
 
 
 def _alltoall(tensor, splits):
     array = _with_rows(arrays.as_array(tensor), "alltoall")
     arrays.check_dtype(array)
     counts = _split_counts(array, splits, runtime.active().topology.size)
-    return (dict(dtype=array.dtype.name, shape=array.shape),
+    return (_about(array),
             dict(input=array, splits=counts, return_splits=splits is not None))
 
 

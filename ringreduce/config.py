@@ -8,6 +8,7 @@ import dataclasses
 import os
 
 ALGORITHMS = ("auto", "ring", "shm", "mpi")
+GPU_TRANSPORTS = ("auto", "nccl", "mpi", "staged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +21,9 @@ class Config:
     pipeline_chunk_bytes: int = 4 << 20
     # Each rank's share of the shared-memory segment: data crosses it in pieces of this size.
     shared_memory_piece_bytes: int = 1 << 20
+    # Collectives of CuPy arrays: "auto" takes NCCL where every rank has it, else CUDA-aware MPI
+    # where the library takes device buffers, else "staged" through pinned host memory.
+    gpu_transport: str = "auto"
     # Allreduce across hosts as shared memory inside each host plus a ring across hosts.
     # None: whenever the job spans hosts with the same number of ranks each.
     hierarchical: bool | None = None
@@ -43,11 +47,15 @@ class Config:
         algorithm = environ.get("RINGREDUCE_ALGORITHM", cls.algorithm).strip().lower()
         if algorithm not in ALGORITHMS:
             raise ValueError(f"RINGREDUCE_ALGORITHM={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        gpu_transport = environ.get("RINGREDUCE_GPU_TRANSPORT", cls.gpu_transport).strip().lower()
+        if gpu_transport not in GPU_TRANSPORTS:
+            raise ValueError(f"RINGREDUCE_GPU_TRANSPORT={gpu_transport!r} is not one of {', '.join(GPU_TRANSPORTS)}")
         hierarchical = _switch(environ, "RINGREDUCE_HIERARCHICAL")
         if hierarchical and algorithm in ("ring", "mpi"):
             raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not {algorithm}")
         return cls(
             algorithm=algorithm,
+            gpu_transport=gpu_transport,
             pipeline_chunk_bytes=_number(environ, "RINGREDUCE_PIPELINE_CHUNK_BYTES", cls.pipeline_chunk_bytes,
                                          int, minimum=1),
             shared_memory_piece_bytes=_number(environ, "RINGREDUCE_SHM_PIECE_BYTES",

@@ -36,9 +36,9 @@ IDLE_SECONDS = 0.1
 
 
 class Engine:
-    def __init__(self, comm, algorithms, config, timeline, sub_comms=()):
+    def __init__(self, comm, algorithms, config, timeline, sub_comms=(), device_family=None):
         """`algorithms` run on `comm` and on `sub_comms` (derived from it), which the engine frees
-        with it at shutdown."""
+        with it at shutdown; `device_family()` builds the transport for CuPy arrays."""
         self.comm = comm
         self.algorithms = algorithms
         self.sub_comms = list(sub_comms)
@@ -47,7 +47,7 @@ class Engine:
         self.timeline = timeline
         self.negotiator = negotiation.Negotiator(
             self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
-        self.executor = Executor(algorithms, self.rank, self.size, timeline)
+        self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
         self.stats = collections.Counter(
             dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0))
         self._incoming = collections.deque()

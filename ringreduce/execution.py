@@ -2,8 +2,8 @@
 
 Each function gets the group's responses and this rank's requests for them (None where this
 rank has joined and takes part with the op's identity), runs the algorithm, and returns one
-result per request. The algorithms work on host arrays; CuPy arrays are staged in and out
-(arrays.py), with their casts and scaling done on the GPU.
+result per request. The host algorithms work on numpy arrays; collectives of CuPy arrays run
+on the GPU (device_execution.py), except alltoall, which stages them through the host.
 """
 
 import math
@@ -11,41 +11,58 @@ import time
 
 import numpy as np
 
-from ringreduce import compression, ops
+from ringreduce import compression, gpu, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, on_device, to_host
+from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, to_host
+from ringreduce.device_execution import DeviceExecutor
 from ringreduce.ops import ReduceOp
+
+# Collectives that run on the GPU for CuPy arrays; alltoall stages them through the host.
+DEVICE_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
 
 
 class Executor:
-    def __init__(self, algorithms, rank, size, timeline):
+    def __init__(self, algorithms, rank, size, timeline, device_family=None):
+        """`device_family()` builds the agreed transport for CuPy arrays, at the first one."""
         self.algorithms = algorithms
         self.rank, self.size = rank, size
         self.timeline = timeline
         self.fusion_buffer = np.empty(0, dtype=np.uint8)  # grown once, reused for every fused group
         self.workspace = Workspace()  # reducescatter's copy of its input
+        self._device_family = device_family
+        self._device = None
 
     def run(self, responses, requests):
         """Results for the requests (None for a joined rank's stand-in), or raise."""
         kind = responses[0].message.kind
+        on_gpu = responses[0].message.device == "cuda" and kind in DEVICE_KINDS
         if kind == "allreduce":
+            if on_gpu:
+                return self._on_device().allreduce(responses, requests, _wire(responses[0].message))
             return self._allreduce(responses, requests)
         (response,), (request,) = responses, requests
         started = time.perf_counter()
-        result = getattr(self, "_" + kind)(response, request)
+        if on_gpu:
+            result = getattr(self._on_device(), kind)(response, request)
+        else:
+            result = getattr(self, "_" + kind)(response, request)
         self.timeline.phase(response.name, kind.upper(), started, time.perf_counter())
         return [result]
+
+    def _on_device(self):
+        if self._device is None:
+            self._device = DeviceExecutor(gpu.require_cupy("a CuPy array"), self._device_family, self.rank, self.size)
+        return self._device
 
     def _allreduce(self, responses, requests):
         message = responses[0].message
         op = ReduceOp(message.op)
-        wire = compression.by_name(message.compression).wire_dtype(message.dtype)
-        on_gpu = any(r is not None and on_device(r.input) for r in requests)
-        if len(responses) == 1 and wire == np.dtype(message.dtype) and not on_gpu:
+        wire = _wire(message)
+        if len(responses) == 1 and wire == np.dtype(message.dtype):
             return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
-        new_results = not on_gpu and wire == np.dtype(message.dtype) and all(
+        new_results = wire == np.dtype(message.dtype) and all(
             r is None or r.output is None for r in requests)
         started = time.perf_counter()
         if new_results and message.prescale == 1.0 and self.algorithms.reads_concatenation(
@@ -58,7 +75,7 @@ class Executor:
             for index, request in enumerate(requests):
                 piece = source[offsets[index]:offsets[index + 1]]
                 if request is None:
-                    piece.fill(_identity_value(op, wire))
+                    piece.fill(ops.identity(op, wire))
                 else:
                     _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
         copied_in = time.perf_counter()
@@ -111,13 +128,13 @@ class Executor:
         rows = [m.shape[0] for m in response.messages]
         row_offsets = offsets_of(rows)
         result = RECYCLER.empty((row_offsets[-1],) + message.shape[1:], message.dtype)
-        result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = to_host(request.input)
+        result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = request.input
         row_size = math.prod(message.shape[1:])
         self.algorithms.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
-        return like(result, request.input)
+        return result
 
     def _broadcast(self, response, request):
-        host = np.ascontiguousarray(to_host(request.output))
+        host = np.ascontiguousarray(request.output)
         self.algorithms.broadcast(host.reshape(-1), response.message.root)
         if host is not request.output:
             _store(host, request.output)
@@ -148,19 +165,19 @@ class Executor:
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
         np.copyto(result.reshape(-1), mine)
         ops.finish(result.reshape(-1), op, self.size, message.postscale)
-        return like(result, request.input)
+        return result
 
     def _barrier(self, response, request):
         return None
 
 
+def _wire(message):
+    return compression.by_name(message.compression).wire_dtype(message.dtype)
+
+
 def _copy_scaled(source, target, factor):
-    """target (a host array) = source * factor in target's dtype: the cast of compression happens
-    here too. A CuPy source is scaled and cast on the GPU, then copied to the host."""
-    if on_device(source):
-        scaled = source * factor if factor != 1.0 else source
-        scaled.astype(target.dtype, copy=False).get(out=target)
-    elif factor == 1.0:
+    """target = source * factor in target's dtype: the cast of compression happens here too."""
+    if factor == 1.0:
         np.copyto(target, source, casting="unsafe")
     else:
         np.multiply(source, factor, out=target, casting="unsafe")
@@ -181,26 +198,8 @@ def _readable_as(source, dtype):
 
 
 def _store(host, output):
-    """output[...] = host in output's dtype; for a CuPy output the cast runs on the GPU."""
-    if on_device(output):
-        output[...] = like(host, output)
-    else:
-        np.copyto(output, host, casting="unsafe")
-
-
-def _identity_value(op, dtype):
-    """What a joined rank contributes: the value that leaves the others' result unchanged."""
-    dtype = np.dtype(dtype)
-    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        return 0
-    if op == ReduceOp.PRODUCT:
-        return 1
-    if dtype == np.bool_:
-        return op == ReduceOp.MIN
-    if dtype.kind == "f":
-        return np.inf if op == ReduceOp.MIN else -np.inf
-    info = np.iinfo(dtype)
-    return info.max if op == ReduceOp.MIN else info.min
+    """output[...] = host in output's dtype."""
+    np.copyto(output, host, casting="unsafe")
 
 
 def _output_for(request, message, op):
@@ -212,4 +211,4 @@ def _output_for(request, message, op):
 
 
 def _identity(message, op):
-    return np.full(message.shape, _identity_value(op, message.dtype), dtype=message.dtype)
+    return np.full(message.shape, ops.identity(op, message.dtype), dtype=message.dtype)

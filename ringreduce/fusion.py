@@ -1,5 +1,5 @@
-"""Which ready requests share one collective: allreduces with the same dtype, op, scaling and
-compression are packed into one buffer up to the fusion threshold; everything else runs alone.
+"""Which ready requests share one collective: allreduces with the same dtype, op, scaling,
+compression and device are packed into one buffer up to the fusion threshold; everything else runs alone.
 
 Every rank plans from the same ordered responses, so every rank builds the same buffers.
 """
@@ -8,7 +8,7 @@ from ringreduce import compression
 
 
 def fusion_key(message):
-    return (message.dtype, message.op, message.prescale, message.postscale, message.compression)
+    return (message.dtype, message.op, message.prescale, message.postscale, message.compression, message.device)
 
 
 def wire_bytes(message):

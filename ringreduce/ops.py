@@ -79,3 +79,18 @@ def finish(array, op, size, postscale_factor=1.0):
         else:
             np.divide(array, size, out=array)
     scale(array, postscale_factor)
+
+
+def identity(op, dtype):
+    """What a joined rank contributes: the value that leaves the others' result unchanged."""
+    dtype = np.dtype(dtype)
+    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        return 0
+    if op == ReduceOp.PRODUCT:
+        return 1
+    if dtype == np.bool_:
+        return op == ReduceOp.MIN
+    if dtype.kind == "f":
+        return np.inf if op == ReduceOp.MIN else -np.inf
+    info = np.iinfo(dtype)
+    return info.max if op == ReduceOp.MIN else info.min

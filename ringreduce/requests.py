@@ -43,6 +43,7 @@ class Request:
     output: object = None  # where the result goes (None: allocated when the size is known)
     splits: list | None = None  # alltoall: rows sent to each rank
     return_splits: bool = False
+    ready: object = None  # device arrays: a CUDA event recorded on the caller's stream at submission
     state: str = NEW
     slot: int | None = None
     submitted: float = dataclasses.field(default_factory=time.perf_counter)

@@ -11,7 +11,7 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import algorithms, launched, topology
+from ringreduce import algorithms, gpu, launched, topology
 from ringreduce.config import Config
 from ringreduce.engine import Engine
 from ringreduce.errors import NotInitializedError, RingReduceError
@@ -28,9 +28,13 @@ class Runtime:
         engine_comm = comm.Dup()
         self.topology, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
         chosen = algorithms.select(config, self.topology, engine_comm, host_comm, cross_comm)
+        self.gpu = gpu.select_device(self.topology.local_rank)
+        shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
+        self.gpu_transport = gpu.choose_transport(config.gpu_transport, shared_bits)
+        device_family = algorithms.device_family(self.gpu_transport, chosen, engine_comm, config)
         timeline = Timeline(config.timeline, self.topology.rank) if config.timeline and \
             self.topology.rank == 0 else NoTimeline()
-        self.engine = Engine(engine_comm, chosen, config, timeline, [host_comm, cross_comm])
+        self.engine = Engine(engine_comm, chosen, config, timeline, [host_comm, cross_comm], device_family)
         self.failing = False
         self._names = 0
         self._names_lock = threading.Lock()

@@ -6,7 +6,7 @@ bfloat16, which numpy lacks, travels as float32 and is converted back.
 
 import ringreduce as core
 import torch
-from ringreduce import runtime
+from ringreduce import gpu, runtime
 from ringreduce.compression import Compression
 
 
@@ -18,11 +18,9 @@ def as_array(tensor):
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
     if tensor.is_cuda:
-        try:
-            import cupy
-        except ImportError:
-            raise TypeError("CUDA tensors need CuPy: pip install ringreduce[gpu]") from None
-        return cupy.from_dlpack(tensor)
+        # DLPack makes CuPy's current stream wait for torch's, so the core's ready event covers
+        # the work that produced the tensor.
+        return gpu.require_cupy("a CUDA tensor").from_dlpack(tensor)
     return tensor.numpy()
 
 

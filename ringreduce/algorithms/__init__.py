@@ -3,13 +3,15 @@
 Every family takes flat contiguous arrays and element offsets and works in place (allreduce
 and reducescatter may also read this rank's contribution from a separate `source`, which saves
 a copy of it; reducescatter returns this rank's segment, which may be a view of `buf`); the
-layer above handles shapes, dtypes, scaling and copies.
+layer above handles shapes, dtypes, scaling and copies. The device families (device.py) do
+the same on CuPy buffers.
 """
 
 import numpy as np
 
-from ringreduce import ops
+from ringreduce import gpu, ops
 from ringreduce.algorithms import pairwise, ring, tree
+from ringreduce.algorithms.device import CudaAwareMpi, CupyApi, Nccl, Staged
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.arrays import Workspace
@@ -141,3 +143,19 @@ def select(config, topology, comm, host_comm, cross_comm):
         cross = RingAlgorithms(MPITransport(cross_comm), config.pipeline_chunk_bytes)
         families["hierarchical"] = SharedMemory(segment, cross.allreduce)
     return Chosen({c: families[chosen[c]] for c in COLLECTIVES}, families["mpi"], chosen["small_bytes"], segment)
+
+
+def device_family(transport, host, comm, config):
+    """A builder of the transport for CuPy arrays that gpu.choose_transport named; the device
+    executor calls it at the first device request, on that request's GPU."""
+
+    def build():
+        cupy = gpu.require_cupy()
+        staged = Staged(CupyApi(cupy), host, comm.rank, config.pipeline_chunk_bytes)
+        if transport == "nccl":
+            return Nccl(cupy, gpu.nccl_module(), comm, staged)
+        if transport == "mpi":
+            return CudaAwareMpi(MPITransport(comm), staged.stream)
+        return staged
+
+    return build

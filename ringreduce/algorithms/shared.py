@@ -13,8 +13,8 @@ exactly one rank, so every rank gets the same bits.
 """
 
 from ringreduce import ops
-from ringreduce.arrays import spans
 from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.arrays import spans
 
 
 class SharedMemory:

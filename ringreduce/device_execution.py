@@ -1,0 +1,143 @@
+"""Running agreed collectives on CuPy arrays: the device side of execution.py.
+
+Everything stays on the GPU: a fused group is packed into a device fusion buffer (grown once,
+reused) with the prescale and the FP16 cast done by one kernel on the way in, and the cast
+back, the average and the postscale by one kernel on the way out. The collective runs through
+the transport the ranks agreed on (algorithms/device.py) on its stream; the kernels go on that
+stream too, after the event each request recorded on its caller's stream, and results are
+handed out once the stream is done.
+
+The engine thread runs this, so every call enters the GPU that the first device request's
+array lives on (CUDA's current device is per thread): one process, one GPU.
+"""
+
+import contextlib
+import math
+
+import numpy as np
+
+from ringreduce import ops
+from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.ops import ReduceOp
+
+# y = x * factor in y's dtype, in one pass (the cast of compression included).
+_SCALED_CAST = ("T x, float64 factor", "U y", "y = (U)((double)x * factor)", "ringreduce_scaled_cast")
+
+
+class DeviceExecutor:
+    def __init__(self, cupy, make_family, rank, size):
+        """`make_family()` builds the agreed transport; it is called on the first device request,
+        inside that request's GPU (CUDA streams belong to a device)."""
+        self.cupy, self.make_family = cupy, make_family
+        self.rank, self.size = rank, size
+        self.device = self.family = None
+        self.fusion_buffer = None
+
+    @contextlib.contextmanager
+    def _on_gpu(self, requests):
+        """The work of one collective: on its GPU and stream, after the callers' work, and done
+        (the stream synchronized) when the block ends."""
+        if self.device is None:
+            first = next(r for r in requests if r is not None)
+            self.device = (first.input if first.input is not None else first.output).device
+            with self.device:
+                self.family = self.make_family()
+                self.fusion_buffer = self.cupy.empty(0, np.uint8)
+                self._scaled_cast = self.cupy.ElementwiseKernel(*_SCALED_CAST)
+        with self.device, self.family.stream:
+            for request in requests:
+                if request is not None and request.ready is not None:
+                    self.family.stream.wait(request.ready)
+            yield
+        self.family.stream.synchronize()
+
+    def allreduce(self, responses, requests, wire):
+        message = responses[0].message
+        op = ReduceOp(message.op)
+        offsets = offsets_of([r.message.count for r in responses])
+        with self._on_gpu(requests):
+            outputs = [self._output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
+            if len(responses) == 1 and wire == np.dtype(message.dtype):
+                self._allreduce_alone(requests[0], outputs[0], op, message)
+                return outputs
+            buf = self._fusion_view(offsets[-1], wire)
+            for index, request in enumerate(requests):
+                piece = buf[offsets[index]:offsets[index + 1]]
+                if request is None:
+                    piece.fill(ops.identity(op, wire))
+                else:
+                    self._cast(request.input.reshape(-1), piece, message.prescale)
+            self.family.allreduce(buf, op)
+            for index, output in enumerate(outputs):
+                self._finish(buf[offsets[index]:offsets[index + 1]], output.reshape(-1), op, message.postscale)
+        return outputs
+
+    def _allreduce_alone(self, request, output, op, message):
+        """One tensor, no compression: reduced straight into its output, read in place when unscaled."""
+        flat, source = output.reshape(-1), None
+        if request is not None and request.input is not output:
+            if message.prescale == 1.0 and request.input.flags.c_contiguous:
+                source = request.input.reshape(-1)
+            else:
+                self._cast(request.input.reshape(-1), flat, message.prescale)
+        elif request is not None:
+            self._cast(flat, flat, message.prescale)
+        self.family.allreduce(flat, op, source)
+        self._finish(flat, flat, op, message.postscale)
+
+    def allgather(self, response, request):
+        message = response.message
+        row_offsets = offsets_of([m.shape[0] for m in response.messages])
+        row_size = math.prod(message.shape[1:])
+        with self._on_gpu([request]):
+            result = self.cupy.empty((row_offsets[-1],) + message.shape[1:], message.dtype)
+            result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = request.input
+            self.family.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
+        return result
+
+    def broadcast(self, response, request):
+        """Into the request's output, which collectives.py made C-contiguous (a copy on the root)."""
+        with self._on_gpu([request]):
+            self.family.broadcast(request.output.reshape(-1), response.message.root)
+        return request.output
+
+    def reducescatter(self, response, request):
+        message = response.message
+        op = ReduceOp(message.op)
+        rows = even_counts(message.shape[0], self.size)
+        row_size = math.prod(message.shape[1:])
+        with self._on_gpu([request]):
+            work = self.cupy.empty(math.prod(message.shape), message.dtype)
+            self._cast(request.input.reshape(-1), work, message.prescale)
+            mine = self.family.reducescatter(work, offsets_of([r * row_size for r in rows]), op)
+            result = self.cupy.empty((rows[self.rank],) + message.shape[1:], message.dtype)
+            self._finish(mine, result.reshape(-1), op, message.postscale)
+        return result
+
+    def _output_for(self, request, message, op):
+        if request is None:  # a joined rank takes part with the op's identity
+            return self.cupy.full(message.shape, ops.identity(op, message.dtype), dtype=message.dtype)
+        return request.output if request.output is not None else self.cupy.empty(message.shape, message.dtype)
+
+    def _fusion_view(self, count, dtype):
+        nbytes = count * dtype.itemsize
+        if self.fusion_buffer.nbytes < nbytes:
+            self.fusion_buffer = self.cupy.empty(nbytes, np.uint8)
+        return self.fusion_buffer[:nbytes].view(dtype)
+
+    def _cast(self, source, target, factor):
+        """target = source * factor in target's dtype: one kernel (a plain copy when unscaled)."""
+        if factor != 1.0:
+            self._scaled_cast(source, factor, target)
+        elif source is not target:
+            target[...] = source
+
+    def _finish(self, reduced, output, op, postscale):
+        """output = the op's result from the reduced values: for floats the cast back, the average
+        and the postscale are one kernel; integers as on the host (a floored average)."""
+        if output.dtype.kind == "f":
+            self._cast(reduced, output, postscale / self.size if op == ReduceOp.AVERAGE else postscale)
+        else:
+            if reduced is not output:
+                output[...] = reduced
+            ops.finish(output, op, self.size, postscale)

@@ -1,0 +1,190 @@
+"""The GPU side of a process: whether CuPy can run here, which GPU this rank uses, and which
+transport the ranks share for device arrays.
+
+CuPy is imported only when it is installed and only when it is needed, so `import ringreduce`
+stays fast and works on machines without CUDA. GPU arrays on such a machine get a GpuError
+that says why, instead of a traceback from inside CuPy.
+
+The transports, fastest first (Horovod's order): NCCL through cupy.cuda.nccl; MPI that takes
+device buffers itself (CUDA-aware, asked of the library, never assumed); staging through pinned
+host buffers into the host algorithms. Every rank must use the same one, so init combines the
+ranks' capabilities with one bitwise-and.
+
+    python -m ringreduce.gpu     prints what this machine offers (rrun --check-build runs it)
+"""
+
+import ctypes
+import functools
+import glob
+import importlib.util
+import os
+import sys
+
+from ringreduce.errors import RingReduceError
+
+TRANSPORTS = ("auto", "nccl", "mpi", "staged")
+NCCL, CUDA_AWARE_MPI = 1, 2
+_NAMES = {NCCL: "NCCL", CUDA_AWARE_MPI: "CUDA-aware MPI"}
+
+
+class GpuError(RingReduceError):
+    """A GPU array reached ringreduce where no GPU can be used, or no agreed transport exists."""
+
+
+@functools.cache
+def _load():
+    """(cupy, None) when CuPy runs a kernel on a GPU here, else (None, why not)."""
+    if importlib.util.find_spec("cupy") is None:
+        return None, "CuPy is not installed (pip install ringreduce[gpu])"
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        cupy.zeros(1).sum().item()  # the first use is where a missing driver shows
+    except Exception as error:  # ImportError, CUDARuntimeError, a CuPy built for another CUDA
+        return None, f"CuPy cannot use a GPU here: {type(error).__name__}: {error}"
+    return cupy, None
+
+
+def cupy_or_none():
+    return _load()[0]
+
+
+def unavailable_reason():
+    """Why CuPy cannot be used here, or None when it can."""
+    return _load()[1]
+
+
+def require_cupy(what="a GPU array"):
+    cupy, why = _load()
+    if cupy is None:
+        raise GpuError(f"{what} needs a working CuPy and GPU: {why}")
+    return cupy
+
+
+def ready_event():
+    """A CUDA event recorded now on the calling thread's current stream: work queued after it
+    (on the engine's stream) waits for what the caller queued before it."""
+    event = require_cupy().cuda.Event(disable_timing=True)
+    event.record()
+    return event
+
+
+def device_for(local_rank, device_count, current_device, visible_devices):
+    """The GPU this rank should use, or None to leave the user's choice alone.
+
+    The user has chosen when CUDA_VISIBLE_DEVICES shows this rank a single GPU, or when the
+    current device is not the default 0 (they called set_device before init). Otherwise local
+    rank r takes GPU r (modulo the count, so more ranks than GPUs share them in turn).
+    """
+    if device_count == 0 or current_device != 0:
+        return None
+    if visible_devices is not None and len([d for d in visible_devices.split(",") if d.strip()]) == 1:
+        return None
+    return local_rank % device_count
+
+
+def _cupy_at_init():
+    """CuPy for init's choices, not even imported where the machine shows no NVIDIA device (the
+    import alone would cost every rank of a CPU job a second)."""
+    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg"):
+        return None
+    return cupy_or_none()
+
+
+def select_device(local_rank, environ=os.environ):
+    """At init: make `device_for`'s GPU CuPy's current device (and torch's, if it is loaded).
+    Returns the device index in use, or None where no GPU is usable."""
+    cupy = _cupy_at_init()
+    if cupy is None:
+        return None
+    device = device_for(local_rank, cupy.cuda.runtime.getDeviceCount(), cupy.cuda.Device().id,
+                        environ.get("CUDA_VISIBLE_DEVICES"))
+    if device is not None:
+        cupy.cuda.Device(device).use()
+        torch = _loaded_torch()
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.set_device(device)
+    return cupy.cuda.Device().id
+
+
+def _loaded_torch():
+    return sys.modules.get("torch")
+
+
+def local_capabilities(host_comm):
+    """This rank's bits: NCCL when cupy.cuda.nccl loads and no other rank of this host uses the
+    same GPU (NCCL refuses two ranks on one device), CUDA_AWARE_MPI when the MPI library says so.
+    Collective over `host_comm`."""
+    cupy = _cupy_at_init()
+    device = cupy.cuda.Device().pci_bus_id if cupy is not None else None
+    devices = host_comm.allgather(device)
+    bits = 0
+    if cupy is not None and devices.count(device) == 1 and nccl_module() is not None:
+        bits |= NCCL
+    if cupy is not None and mpi_takes_device_buffers():
+        bits |= CUDA_AWARE_MPI
+    return bits
+
+
+@functools.cache
+def nccl_module():
+    try:
+        from cupy.cuda import nccl
+
+        nccl.get_version()
+    except Exception:  # not built with NCCL, or libnccl missing
+        return None
+    return nccl
+
+
+def mpi_takes_device_buffers():
+    """Does the loaded MPI library accept CUDA device buffers? Asked through the extension each
+    library offers (Open MPI's MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support);
+    RINGREDUCE_CUDA_AWARE_MPI=1/0 overrides it for libraries that cannot tell."""
+    forced = os.environ.get("RINGREDUCE_CUDA_AWARE_MPI", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    from mpi4py import MPI
+
+    library = ctypes.CDLL(MPI.__file__)  # its symbol lookup also searches the MPI library it links
+    if hasattr(library, "MPIX_GPU_query_support"):
+        supported = ctypes.c_int(0)
+        library.MPIX_GPU_query_support(0, ctypes.byref(supported))  # 0: MPIX_GPU_SUPPORT_CUDA
+        return supported.value == 1
+    if hasattr(library, "MPIX_Query_cuda_support"):
+        return library.MPIX_Query_cuda_support() == 1
+    return False
+
+
+def choose_transport(requested, shared_bits):
+    """The transport for device arrays from what every rank offers (`shared_bits`); a transport
+    that was asked for by name but is missing on some rank is an error."""
+    if requested == "auto":
+        if shared_bits & NCCL:
+            return "nccl"
+        return "mpi" if shared_bits & CUDA_AWARE_MPI else "staged"
+    needed = {"nccl": NCCL, "mpi": CUDA_AWARE_MPI}.get(requested)
+    if needed is not None and not shared_bits & needed:
+        raise GpuError(f"RINGREDUCE_GPU_TRANSPORT={requested} but {_NAMES[needed]} is not available on "
+                       "every rank (see rrun --check-build)")
+    return requested
+
+
+def report_lines():
+    """What --check-build shows about GPUs (MPI is initialized as a single process)."""
+    cupy, why = _load()
+    if cupy is None:
+        return [f"    [ ] GPU arrays: {why}"]
+    count = cupy.cuda.runtime.getDeviceCount()
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    nccl = nccl_module()
+    lines = [f"    [X] CuPy {cupy.__version__}: {count} GPU(s), {name}"]
+    lines.append(f"    [X] NCCL {nccl.get_version()}" if nccl else "    [ ] NCCL: cupy.cuda.nccl does not load")
+    lines.append(f"    [{'X' if mpi_takes_device_buffers() else ' '}] CUDA-aware MPI")
+    lines.append("    [X] staging through pinned host memory")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(report_lines()))
