@@ -2,25 +2,40 @@
 
 import importlib.metadata
 import importlib.util
+import subprocess
 import sys
 
 import ringreduce
 from ringreduce.launcher import dialects
 from ringreduce.launcher.errors import LaunchError
 
+GPU_CHECK_SECONDS = 60
 FRAMEWORKS = (("PyTorch", "torch"), ("TensorFlow", "tensorflow"))
-GPU_LIBRARIES = (("CuPy", "cupy"),)
 
 
 def report(mpiexec_name=None):
     lines = [f"ringreduce v{ringreduce.__version__} (Python {sys.version.split()[0]}, {sys.executable})", ""]
     lines.append("Available frameworks:")
     lines += [_module_line(label, module) for label, module in FRAMEWORKS]
-    lines.append("Available GPU libraries:")
-    lines += [_module_line(label, module) for label, module in GPU_LIBRARIES]
+    lines.append("GPU arrays and their transports (the first one checked is the default):")
+    lines += _gpu_lines()
     lines.append("MPI:")
     lines += _mpi_lines(mpiexec_name)
     return "\n".join(lines)
+
+
+def _gpu_lines():
+    """ringreduce.gpu's own report, from a child process: CuPy and MPI are loaded there (MPI as a
+    single process, to ask it about device buffers), never in rrun itself."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "ringreduce.gpu"], capture_output=True, text=True,
+                              timeout=GPU_CHECK_SECONDS)
+    except subprocess.TimeoutExpired:
+        return [f"    [ ] could not be checked: no answer in {GPU_CHECK_SECONDS} s"]
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [f"    [ ] could not be checked: {last}"]
+    return done.stdout.rstrip("\n").splitlines()
 
 
 def _module_line(label, module):

@@ -38,6 +38,11 @@ def test_scaling_and_compression_must_agree():
     assert "compression none on rank 0 but fp16 on rank 1" in str(error)
 
 
+def test_numpy_on_one_rank_and_cupy_on_another_is_named():
+    error = disagreement([msg(), msg(device="cuda"), msg(device="cuda")], [0, 1, 2])
+    assert str(error) == "allreduce 'w' does not match across ranks: array device cpu on rank 0 but cuda on ranks 1, 2"
+
+
 def test_different_collectives_for_one_name():
     error = disagreement([msg(), msg(kind="broadcast", root=0)], [0, 1])
     assert str(error) == "allreduce 'w' does not match across ranks: collective allreduce on rank 0 but " \

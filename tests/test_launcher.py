@@ -136,7 +136,8 @@ def test_check_build_reports_the_installation():
     assert "ringreduce v0.1.0" in result.stdout
     assert "[X] mpi4py 4." in result.stdout
     assert "[X] mpiexec " in result.stdout and "(MPICH)" in result.stdout
-    assert "Available frameworks:" in result.stdout and "Available GPU libraries:" in result.stdout
+    assert "Available frameworks:" in result.stdout
+    assert "GPU arrays and their transports (the first one checked is the default):\n    [" in result.stdout
 
 
 def fake_mpiexec(tmp_path, version_text):

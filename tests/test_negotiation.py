@@ -8,8 +8,8 @@ from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, S
 from ringreduce.negotiation import JOINED, SHUTTING_DOWN, STALLED, Negotiator, RankState
 
 
-def msg(name, shape=(4,), dtype="float32", kind="allreduce", op=0, compression="none"):
-    return Message(name=name, kind=kind, dtype=dtype, shape=shape, op=op, compression=compression)
+def msg(name, shape=(4,), dtype="float32", kind="allreduce", op=0, compression="none", device="cpu"):
+    return Message(name=name, kind=kind, dtype=dtype, shape=shape, op=op, compression=compression, device=device)
 
 
 def idle(size, flags=0):
@@ -142,8 +142,8 @@ def test_fusion_plan_respects_the_threshold(threshold, sizes):
 
 def test_fusion_keeps_different_dtypes_ops_and_compression_apart():
     specs = [msg("a"), msg("b", dtype="float64"), msg("c", op=1), msg("d", compression="fp16"), msg("e"),
-             msg("f", kind="broadcast")]
+             msg("f", kind="broadcast"), msg("g", device="cuda"), msg("h", device="cuda")]
     responses = [type("R", (), {"name": m.name, "error": None, "message": m})() for m in specs]
     groups = fusion.plan(responses, 10**9)
-    assert sorted(sorted(r.name for r in g) for g in groups) == [["a", "e"], ["b"], ["c"], ["d"], ["f"]]
+    assert sorted(sorted(r.name for r in g) for g in groups) == [["a", "e"], ["b"], ["c"], ["d"], ["f"], ["g", "h"]]
     assert fusion.wire_bytes(msg("d", compression="fp16", shape=(10,))) == 20
