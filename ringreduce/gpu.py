@@ -87,7 +87,7 @@ def device_for(local_rank, device_count, current_device, visible_devices):
 def _cupy_at_init():
     """CuPy for init's choices, not even imported where the machine shows no NVIDIA device (the
     import alone would cost every rank of a CPU job a second)."""
-    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg"):
+    if not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")):
         return None
     return cupy_or_none()
 

@@ -8,6 +8,7 @@ from ringreduce.config import Config
 def test_defaults_follow_horovod():
     config = Config.from_env({})
     assert config.algorithm == "auto" and config.hierarchical is None and config.simulated_hosts is None
+    assert config.gpu_transport == "auto"
     assert config.cycle_time_ms == 1.0
     assert config.cache_capacity == 1024
     assert config.fusion_threshold_bytes == 128 * 1024 * 1024
@@ -20,8 +21,9 @@ def test_values_are_read():
            "RINGREDUCE_CYCLE_TIME": "2.5", "RINGREDUCE_CACHE_CAPACITY": "0", "RINGREDUCE_FUSION_THRESHOLD": "0",
            "RINGREDUCE_TIMELINE": "/tmp/t.json", "RINGREDUCE_STALL_CHECK_TIME": "5",
            "RINGREDUCE_STALL_SHUTDOWN_TIME": "30", "RINGREDUCE_STRAGGLER_REPORT": "1",
-           "RINGREDUCE_SHM_PIECE_BYTES": "65536", "RINGREDUCE_HIERARCHICAL": "off", "RINGREDUCE_SIMULATED_HOSTS": "2"}
-    assert Config.from_env(env) == Config(
+           "RINGREDUCE_SHM_PIECE_BYTES": "65536", "RINGREDUCE_HIERARCHICAL": "off", "RINGREDUCE_SIMULATED_HOSTS": "2",
+           "RINGREDUCE_GPU_TRANSPORT": "NCCL"}
+    assert Config.from_env(env) == Config(gpu_transport="nccl",
         algorithm="mpi", pipeline_chunk_bytes=4096, cycle_time_ms=2.5, cache_capacity=0, fusion_threshold_bytes=0,
         timeline="/tmp/t.json", stall_check_seconds=5.0, stall_shutdown_seconds=30.0, straggler_report=True,
         shared_memory_piece_bytes=65536, hierarchical=False, simulated_hosts=2)
@@ -29,6 +31,7 @@ def test_values_are_read():
 
 @pytest.mark.parametrize("env, message", [
     ({"RINGREDUCE_ALGORITHM": "tree"}, "RINGREDUCE_ALGORITHM='tree' is not one of auto, ring, shm, mpi"),
+    ({"RINGREDUCE_GPU_TRANSPORT": "gloo"}, "RINGREDUCE_GPU_TRANSPORT='gloo' is not one of auto, nccl, mpi, staged"),
     ({"RINGREDUCE_HIERARCHICAL": "maybe"}, "RINGREDUCE_HIERARCHICAL='maybe' must be 1 or 0"),
     ({"RINGREDUCE_HIERARCHICAL": "1", "RINGREDUCE_ALGORITHM": "ring"},
      "RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not ring"),

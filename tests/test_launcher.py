@@ -109,6 +109,7 @@ def test_dry_run_prints_the_mpiexec_command(tmp_path):
      " -genv RINGREDUCE_ALGORITHM shm -genv RINGREDUCE_HIERARCHICAL 0 "),
     (("--hierarchical-allreduce", "--cycle-time-ms", "2.5"),
      " -genv RINGREDUCE_HIERARCHICAL 1 -genv RINGREDUCE_CYCLE_TIME 2.5 "),
+    (("--gpu-transport", "staged"), " -genv RINGREDUCE_GPU_TRANSPORT staged "),
 ])
 def test_knob_flags_set_their_variables(tmp_path, flags, variables):
     script = tmp_path / "train.py"

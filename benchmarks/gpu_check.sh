@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with an NVIDIA GPU, CuPy and PyTorch, and no network:
+#   1. installs mpich, mpi4py (from the wheels in .wheels/, which `make gpu-wheels` fetches on a
+#      machine with network) and ringreduce itself into the Python that holds CuPy;
+#   2. runs the GPU tests (tests/test_gpu.py at 1 and 2 ranks sharing the GPU, and the GPU
+#      path's unit tests);
+#   3. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
+#      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging.
+# Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also copied to $OUT when set).
+# Every step has a time limit, so the whole check ends within 8 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+DAY=$(date -u +%Y-%m-%d)
+JSON=benchmarks/results/gpu-$DAY.json
+LOG=benchmarks/results/gpu-$DAY.log
+MAX_MIB=${GPU_CHECK_MAX_MIB:-1024}
+mkdir -p benchmarks/results
+rm -f "$JSON"
+exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1
+
+echo "== install (offline)"
+ls .wheels/*.whl >/dev/null || { echo "no wheels in .wheels/: run 'make gpu-wheels' where there is network"; exit 1; }
+timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .wheels/*.whl || exit 1
+timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
+export PATH
+nvidia-smi -L || true
+timeout 90 rrun --check-build
+
+echo "== GPU tests"
+timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
+tests=$?
+
+echo "== GPU allreduce benchmark"
+for ranks in 1 2; do
+  for transport in nccl mpi staged; do
+    echo "-- $ranks rank(s), $transport"
+    timeout 100 rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
+      --max-mib "$MAX_MIB" || echo "(not run: $transport at $ranks rank(s), see above)"
+  done
+done
+
+if [ -n "${OUT:-}" ]; then cp "$JSON" "$LOG" "$OUT"/ 2>/dev/null; fi
+echo "== tests exit status: $tests"
+exit "$tests"
