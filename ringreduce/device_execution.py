@@ -25,10 +25,11 @@ _SCALED_CAST = ("T x, float64 factor", "U y", "y = (U)((double)x * factor)", "ri
 
 
 class DeviceExecutor:
-    def __init__(self, cupy, make_family, rank, size):
+    def __init__(self, cupy, make_family, rank, size, device_of=None):
         """`make_family()` builds the agreed transport; it is called on the first device request,
-        inside that request's GPU (CUDA streams belong to a device)."""
+        inside that request's GPU (`device_of(array)`; CUDA streams belong to a device)."""
         self.cupy, self.make_family = cupy, make_family
+        self.device_of = device_of or self._device_of
         self.rank, self.size = rank, size
         self.device = self.family = None
         self.fusion_buffer = None
@@ -38,8 +39,9 @@ class DeviceExecutor:
         """The work of one collective: on its GPU and stream, after the callers' work, and done
         (the stream synchronized) when the block ends."""
         if self.device is None:
-            first = next(r for r in requests if r is not None)
-            self.device = (first.input if first.input is not None else first.output).device
+            first = next((r for r in requests if r is not None), None)  # none: this rank has joined
+            self.device = self.device_of(None if first is None else
+                                         first.input if first.input is not None else first.output)
             with self.device:
                 self.family = self.make_family()
                 self.fusion_buffer = self.cupy.empty(0, np.uint8)
@@ -50,6 +52,10 @@ class DeviceExecutor:
                     self.family.stream.wait(request.ready)
             yield
         self.family.stream.synchronize()
+
+    def _device_of(self, array):
+        """The GPU an array lives on; for a joined rank, which has none, the current one."""
+        return self.cupy.cuda.Device() if array is None else array.device
 
     def allreduce(self, responses, requests, wire):
         message = responses[0].message

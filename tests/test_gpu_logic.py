@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from device_standins import HostStandIn, LoggedRing
 from threads import data, run_ranks
 
 from ringreduce import gpu
-from ringreduce.algorithms import ring
 from ringreduce.algorithms.device import Staged
 from ringreduce.algorithms.ring import even_counts, offsets_of
 from ringreduce.ops import ReduceOp
@@ -71,59 +71,6 @@ def test_the_gpu_report_runs_without_a_gpu():
         assert done.stdout.startswith("    [ ] GPU arrays: CuPy ")
     else:
         assert "staging through pinned host memory" in done.stdout
-
-
-class HostStandIn:
-    """The CUDA calls Staged makes, done at once on host memory, with a log of their order."""
-
-    def __init__(self, log):
-        self.log = log
-
-    def stream(self):
-        return _DoneStream()
-
-    def pinned(self, nbytes):
-        return np.zeros(nbytes, np.uint8)
-
-    def download(self, device, host, stream):
-        self.log.append(("download", len(device)))
-        host[...] = device
-
-    def upload(self, host, device, stream):
-        self.log.append(("upload", len(host)))
-        device[...] = host
-
-
-class _DoneStream:
-    def record(self):
-        return self
-
-    def synchronize(self):
-        pass
-
-    def wait(self, event):
-        pass
-
-
-class LoggedRing:
-    """The host family Staged hands its chunks to: the ring over the thread transport."""
-
-    def __init__(self, transport, log):
-        self.transport, self.log = transport, log
-
-    def allreduce(self, buf, op, source=None):
-        self.log.append(("allreduce", len(buf)))
-        ring.allreduce(self.transport, buf, np.add, np.empty(len(buf) + 1, buf.dtype), 4)
-
-    def reducescatter(self, buf, offsets, op, source=None):
-        ring.reduce_scatter(self.transport, buf, offsets, np.add, np.empty(len(buf) + 1, buf.dtype), 4)
-        return buf[offsets[self.transport.rank]:offsets[self.transport.rank + 1]]
-
-    def allgather(self, buf, offsets):
-        ring.allgather(self.transport, buf, offsets)
-
-    def broadcast(self, buf, root):
-        ring.allgather(self.transport, buf, [0 if r <= root else len(buf) for r in range(self.transport.size + 1)])
 
 
 def staged(transport, chunk_bytes, log=None):

@@ -36,6 +36,8 @@ class Nccl:
     def allreduce(self, buf, op, source=None):
         if buf.dtype not in self._types:
             return self.fallback.allreduce(buf, op, source)
+        if buf.size == 0:  # the same on every rank: nothing to do anywhere
+            return
         send = buf if source is None else source
         self._nccl().allReduce(send.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], self._ops[op],
                                self.stream.ptr)
@@ -82,6 +84,8 @@ class Nccl:
     def broadcast(self, buf, root):
         if buf.dtype not in self._types:
             return self.fallback.broadcast(buf, root)
+        if buf.size == 0:
+            return
         self._nccl().broadcast(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], root, self.stream.ptr)
 
 

@@ -8,6 +8,7 @@ one neither spins a core nor misses a partner that has left.
 import numpy as np
 from mpi4py import MPI
 
+from ringreduce.arrays import new_like
 from ringreduce.ops import ReduceOp
 
 _MPI_OPS = {
@@ -35,7 +36,7 @@ class MPIAlgorithms:
 
     def reducescatter(self, buf, offsets, op, source=None):
         counts = np.diff(offsets).tolist()
-        result = np.empty(counts[self.comm.rank], dtype=buf.dtype)
+        result = new_like(buf, (counts[self.comm.rank],))  # on the GPU for a CUDA-aware MPI's device buffers
         send = buf if source is None else source
         self.wait([self.comm.Ireduce_scatter(_typed(send), _typed(result), counts, _MPI_OPS[op])])
         return result
