@@ -4,7 +4,8 @@
 #      machine with network) and ringreduce itself into the Python that holds CuPy;
 #   2. runs the GPU tests (tests/test_gpu.py at 1 and 2 ranks sharing the GPU, and the GPU
 #      path's unit tests);
-#   3. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
+#   3. runs the synthetic training example on the GPU at 1 and 2 ranks;
+#   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
 #      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging.
 # Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also copied to $OUT when set).
 # Every step has a time limit, so the whole check ends within 8 minutes.
@@ -32,6 +33,12 @@ timeout 90 rrun --check-build
 echo "== GPU tests"
 timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
 tests=$?
+
+echo "== the synthetic training example on the GPU (gradients allreduced on the GPU)"
+for ranks in 1 2; do
+  timeout 90 rrun -np "$ranks" "$PYTHON" examples/pytorch_synthetic_benchmark.py --num-iters 3 \
+    || echo "(the example failed at $ranks rank(s))"
+done
 
 echo "== GPU allreduce benchmark"
 for ranks in 1 2; do

@@ -92,7 +92,11 @@ def _knob_name(flag):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_name, env_items,
          verbose, dry_run, check_build, skip_host_check, restarts, command, **knobs):
-    """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`."""
+    """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
+
+    One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
+    CUDA_VISIBLE_DEVICES shows it one GPU or it chose a device itself before init.
+    """
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
         return

@@ -131,6 +131,12 @@ def test_verbose_hides_the_values_of_secret_looking_variables(tmp_path):
     assert " -genv DATA_DIR /data " in result.stdout
 
 
+def test_help_says_how_gpus_are_assigned_to_ranks():
+    result = rrun("--help")
+    assert result.returncode == 0, result.stderr
+    assert "each rank takes GPU (local rank mod the host's GPU count)" in " ".join(result.stdout.split())
+
+
 def test_check_build_reports_the_installation():
     result = rrun("--check-build")
     assert result.returncode == 0, result.stderr
