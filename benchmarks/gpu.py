@@ -32,6 +32,7 @@ def main():
     parser.add_argument("--max-mib", type=int, default=1024)
     parser.add_argument("--seconds-per-point", type=float, default=0.3)
     args = parser.parse_args()
+    gpu.require_cupy("the GPU benchmark")  # one clear line where there is no GPU
     rr.init()
     rank, size = rr.rank(), rr.size()
     transport = runtime.active().gpu_transport

@@ -8,8 +8,13 @@
 #   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
 #      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging.
 # Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also copied to $OUT when set).
-# Every step has a time limit, so the whole check ends within 8 minutes.
+# Every step has a time limit, cut to what is left of 7.5 minutes, so the check ends within 8.
 set -uo pipefail
+END=$((SECONDS + 450))
+limit() {  # the smaller of $1 seconds and what is left (at least 5)
+  local left=$((END - SECONDS))
+  if ((left < $1)); then echo $((left > 5 ? left : 5)); else echo "$1"; fi
+}
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DAY=$(date -u +%Y-%m-%d)
@@ -23,20 +28,20 @@ export PYTHONUNBUFFERED=1
 
 echo "== install (offline)"
 ls .wheels/*.whl >/dev/null || { echo "no wheels in .wheels/: run 'make gpu-wheels' where there is network"; exit 1; }
-timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .wheels/*.whl || exit 1
-timeout 120 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .wheels/*.whl || exit 1
+timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 export PATH
 nvidia-smi -L || true
-timeout 90 rrun --check-build
+timeout "$(limit 60)" rrun --check-build
 
 echo "== GPU tests"
-timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
+timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
 tests=$?
 
 echo "== the synthetic training example on the GPU (gradients allreduced on the GPU)"
 for ranks in 1 2; do
-  timeout 90 rrun -np "$ranks" "$PYTHON" examples/pytorch_synthetic_benchmark.py --num-iters 3 \
+  timeout "$(limit 60)" rrun -np "$ranks" "$PYTHON" examples/pytorch_synthetic_benchmark.py --num-iters 3 \
     || echo "(the example failed at $ranks rank(s))"
 done
 
@@ -44,7 +49,7 @@ echo "== GPU allreduce benchmark"
 for ranks in 1 2; do
   for transport in nccl mpi staged; do
     echo "-- $ranks rank(s), $transport"
-    timeout 100 rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
+    timeout "$(limit 90)" rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
       --max-mib "$MAX_MIB" || echo "(not run: $transport at $ranks rank(s), see above)"
   done
 done
