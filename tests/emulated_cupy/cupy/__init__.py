@@ -1,0 +1,136 @@
+"""An emulated CuPy for machines without a GPU, put on a job's PYTHONPATH by the tests: its
+arrays are numpy arrays in host memory whose type lives in a module named cupy (which is how
+ringreduce tells a CuPy array), its streams and events are complete at once, its "device"
+copies are memmoves and its one kernel is the same formula run by numpy.
+
+It lets the GPU path run end to end under the real rrun and MPI (device tagging, the device
+executor, the staging transport's copies and chunks); it says nothing about CUDA itself, which
+tests/test_gpu.py checks on a machine with a GPU.
+"""
+
+import contextlib
+import ctypes
+
+import numpy as np
+
+__version__ = "emulated"
+
+
+class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
+    """A host array that passes for a CuPy array."""
+
+    @property
+    def data(self):
+        return _Pointer(self.ctypes.data)
+
+    @property
+    def device(self):
+        return cuda.Device()
+
+    def get(self, out=None):
+        if out is None:
+            return np.array(self, copy=True).view(np.ndarray)
+        out[...] = self
+        return out
+
+
+class _Pointer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+def _on_device(array):
+    return array.view(ndarray)
+
+
+def empty(shape, dtype=float):
+    return _on_device(np.empty(shape, dtype))
+
+
+def zeros(shape, dtype=float):
+    return _on_device(np.zeros(shape, dtype))
+
+
+def full(shape, value, dtype=None):
+    return _on_device(np.full(shape, value, dtype))
+
+
+def asarray(values, dtype=None):
+    return _on_device(np.array(values, dtype=dtype, copy=True))
+
+
+def array(values, dtype=None, order="C", copy=True):
+    return _on_device(np.array(values, dtype=dtype, order=order, copy=True))
+
+
+def ElementwiseKernel(inputs, outputs, body, name):  # noqa: N802  (CuPy's name)
+    if body != "y = (U)((double)x * factor)":
+        raise NotImplementedError(f"the emulated CuPy knows only ringreduce's scaled cast, not {body!r}")
+
+    def scaled_cast(x, factor, y):
+        np.copyto(y, np.asarray(x).astype(np.float64) * factor, casting="unsafe")
+
+    return scaled_cast
+
+
+class _Cuda:
+    """cupy.cuda: one device, streams and events that are always complete."""
+
+    class Device:
+        id = 0
+        pci_bus_id = "0000:00:00.0"
+
+        def __init__(self, device=0):
+            self.id = device
+
+        def use(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Event:
+        def __init__(self, disable_timing=False):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Stream(contextlib.nullcontext):
+        ptr = 0
+
+        def __init__(self, non_blocking=False):
+            super().__init__()
+
+        def record(self):
+            return _Cuda.Event()
+
+        def wait_event(self, event):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class runtime:  # noqa: N801  (CuPy's name)
+        memcpyHostToDevice, memcpyDeviceToHost = 1, 2
+
+        @staticmethod
+        def getDeviceCount():  # noqa: N802
+            return 1
+
+        @staticmethod
+        def memcpyAsync(dst, src, size, kind, stream):  # noqa: N802
+            ctypes.memmove(dst, src, size)
+
+    @staticmethod
+    def alloc_pinned_memory(nbytes):
+        return bytearray(nbytes)
+
+
+cuda = _Cuda
