@@ -85,9 +85,11 @@ def device_for(local_rank, device_count, current_device, visible_devices):
 
 
 def _cupy_at_init():
-    """CuPy for init's choices, not even imported where the machine shows no NVIDIA device (the
-    import alone would cost every rank of a CPU job a second)."""
-    if not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")):
+    """CuPy for init's choices: where the program has imported it already, or where the machine
+    shows an NVIDIA device; elsewhere it is not even imported (that alone would cost every rank
+    of a CPU job a second)."""
+    if "cupy" not in sys.modules and not (
+            glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")):
         return None
     return cupy_or_none()
 

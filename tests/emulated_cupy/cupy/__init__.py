@@ -1,15 +1,13 @@
 """An emulated CuPy for machines without a GPU, put on a job's PYTHONPATH by the tests: its
 arrays are numpy arrays in host memory whose type lives in a module named cupy (which is how
 ringreduce tells a CuPy array), its streams and events are complete at once, its "device"
-copies are memmoves and its one kernel is the same formula run by numpy.
+copies are memmoves, its one kernel is the same formula run by numpy, and its NCCL is MPI.
 
 It lets the GPU path run end to end under the real rrun and MPI (device tagging, the device
 executor, the staging transport's copies and chunks); it says nothing about CUDA itself, which
 tests/test_gpu.py checks on a machine with a GPU.
 """
 
-import contextlib
-import ctypes
 
 import numpy as np
 
@@ -73,64 +71,4 @@ def ElementwiseKernel(inputs, outputs, body, name):  # noqa: N802  (CuPy's name)
     return scaled_cast
 
 
-class _Cuda:
-    """cupy.cuda: one device, streams and events that are always complete."""
-
-    class Device:
-        id = 0
-        pci_bus_id = "0000:00:00.0"
-
-        def __init__(self, device=0):
-            self.id = device
-
-        def use(self):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    class Event:
-        def __init__(self, disable_timing=False):
-            pass
-
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class Stream(contextlib.nullcontext):
-        ptr = 0
-
-        def __init__(self, non_blocking=False):
-            super().__init__()
-
-        def record(self):
-            return _Cuda.Event()
-
-        def wait_event(self, event):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class runtime:  # noqa: N801  (CuPy's name)
-        memcpyHostToDevice, memcpyDeviceToHost = 1, 2
-
-        @staticmethod
-        def getDeviceCount():  # noqa: N802
-            return 1
-
-        @staticmethod
-        def memcpyAsync(dst, src, size, kind, stream):  # noqa: N802
-            ctypes.memmove(dst, src, size)
-
-    @staticmethod
-    def alloc_pinned_memory(nbytes):
-        return bytearray(nbytes)
-
-
-cuda = _Cuda
+from cupy import cuda  # noqa: E402  (after ndarray, which cupy.cuda does not need)
