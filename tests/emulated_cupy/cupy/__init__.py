@@ -10,6 +10,7 @@ tests/test_gpu.py checks on a machine with a GPU.
 
 
 import numpy as np
+from numpy import all, bool_, float16, float32, float64, int8, int16, int32, int64, uint8  # noqa: F401, A004
 
 __version__ = "emulated"
 
@@ -24,6 +25,9 @@ class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
     @property
     def device(self):
         return cuda.Device()
+
+    def set(self, values):
+        self[...] = values
 
     def get(self, out=None):
         if out is None:
@@ -47,6 +51,10 @@ def empty(shape, dtype=float):
 
 def zeros(shape, dtype=float):
     return _on_device(np.zeros(shape, dtype))
+
+
+def empty_like(array):
+    return _on_device(np.empty_like(array))
 
 
 def full(shape, value, dtype=None):

@@ -20,6 +20,9 @@ class Device:
     def use(self):
         pass
 
+    def synchronize(self):
+        pass
+
     def __enter__(self):
         return self
 
