@@ -36,12 +36,16 @@ class Executor:
         """Results for the requests (None for a joined rank's stand-in), or raise."""
         kind = responses[0].message.kind
         on_gpu = responses[0].message.device == "cuda" and kind in DEVICE_KINDS
-        if kind == "allreduce":
-            if on_gpu:
-                return self._on_device().allreduce(responses, requests, _wire(responses[0].message))
-            return self._allreduce(responses, requests)
-        (response,), (request,) = responses, requests
+        if kind == "allreduce" and not on_gpu:
+            return self._allreduce(responses, requests)  # its timeline phases are its own
         started = time.perf_counter()
+        if kind == "allreduce":
+            results = self._on_device().allreduce(responses, requests, _wire(responses[0].message))
+            finished = time.perf_counter()
+            for response in responses:
+                self.timeline.phase(response.name, "ALLREDUCE", started, finished)
+            return results
+        (response,), (request,) = responses, requests
         if on_gpu:
             result = getattr(self._on_device(), kind)(response, request)
         else:
