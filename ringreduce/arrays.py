@@ -19,6 +19,8 @@ SUPPORTED_DTYPES = tuple(
     for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
               np.float16, np.float32, np.float64)
 )
+# dtype -> name, as the messages carry it (numpy works a dtype's name out anew at every ask).
+DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
 
 
 def as_array(value):
@@ -55,7 +57,7 @@ def like(host, model):
 
 
 def check_dtype(array):
-    if array.dtype not in SUPPORTED_DTYPES:
+    if array.dtype not in DTYPE_NAMES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
         raise UnsupportedDtypeError(f"dtype {array.dtype} is not supported; use one of {names}")
 

@@ -193,7 +193,7 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
 
 def _about(array, **fields):
     """The Message fields that describe a call's array, which every rank's must match."""
-    return dict(dtype=array.dtype.name, shape=array.shape, device=arrays.device_of(array), **fields)
+    return dict(dtype=arrays.DTYPE_NAMES[array.dtype], shape=array.shape, device=arrays.device_of(array), **fields)
 
 
 def _gathered(array):

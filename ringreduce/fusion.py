@@ -17,6 +17,8 @@ def wire_bytes(message):
 
 def plan(responses, threshold):
     """Group responses into lists that each run as one collective, in an order every rank shares."""
+    if len(responses) == 1:  # a lone call: nothing to plan
+        return [responses]
     groups, open_groups = [], {}  # open_groups: key -> [responses, bytes]
     for response in responses:
         if response.error is not None or response.message.kind != "allreduce":

@@ -173,6 +173,10 @@ class Negotiator:
     def negotiate(self, states, announcements, now):
         """One cycle: every rank's RankState and newly announced Messages in, decisions out."""
         self.cycles += 1
+        if self._previous_ran_something:
+            self.stragglers.record([state.waited for state in states])
+        if not self.table and _all_alike_and_cached(states, announcements):
+            return self._cached_outcome(states[0].slots)
         for rank, state in enumerate(states):
             for slot in state.slots:
                 name, messages = self.cache.entry(slot)
@@ -187,8 +191,6 @@ class Negotiator:
         for rank in joined:
             self._joined_at.setdefault(rank, self.cycles)
 
-        if self._previous_ran_something:
-            self.stragglers.record([state.waited for state in states])
         responses = []
         for name, entry in list(self.table.items()):
             response = self._decide(name, entry, joined, leaving)
@@ -206,6 +208,18 @@ class Negotiator:
             self._fail_stalled(outcome, now)
         outcome.stall_warning = self._stall_warning(now)
         return outcome
+
+    def _cached_outcome(self, slots):
+        """The steady state's decision, the same as the general path reaches: every rank has the
+        same cached requests pending and nothing else to say, so all of them run, in slot order."""
+        responses = []
+        for slot in slots:
+            name, messages = self.cache.entry(slot)
+            self.cache.touch(name)
+            responses.append(Response(name, messages))
+        self.cache_hits += len(responses)
+        self._previous_ran_something = bool(responses)
+        return Outcome(responses)
 
     def stall_due(self, now):
         """True when, by this rank's clock, a request has waited past the stall shutdown time.
@@ -277,3 +291,10 @@ class Negotiator:
         missing = [r for r in range(self.size) if r not in entry.messages]
         return (f"{entry.kind} {name!r}: submitted by {ranks_text(sorted(entry.messages))} "
                 f"{now - min(entry.arrival.values()):.0f} s ago, still missing from {ranks_text(missing)}")
+
+
+def _all_alike_and_cached(states, announcements):
+    """Nothing but the same cache bits on every rank: no announcement, join, shutdown or stall."""
+    first = states[0].slots
+    return (not any(announcements)
+            and all(state.flags & ~WAITING == 0 and state.slots == first for state in states))

@@ -12,22 +12,27 @@ class Handle:
 
     def __init__(self, name):
         self.name = name
-        self._done = threading.Event()
+        # Held until finish(); any thread may release a Lock. Far cheaper to make than an Event,
+        # and a handle is made for every call.
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self._result = None
         self._error = None
 
     def done(self):
-        return self._done.is_set()
+        return not self._pending.locked()
 
     def wait(self):
-        self._done.wait()
+        with self._pending:
+            pass
         if self._error is not None:
             raise self._error
         return self._result
 
     def finish(self, result=None, error=None):
-        self._result, self._error = result, error
-        self._done.set()
+        if self._pending.locked():  # the first outcome stands
+            self._result, self._error = result, error
+            self._pending.release()
 
     def __repr__(self):
         return f"<ringreduce handle {self.name!r} {'done' if self.done() else 'pending'}>"

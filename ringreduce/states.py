@@ -9,6 +9,9 @@ the union of their complements (whose complement is the intersection). Only when
 follow, in an allgather, for the negotiation to see who has what.
 """
 
+import functools
+import struct
+
 import numpy as np
 from mpi4py import MPI
 
@@ -33,6 +36,11 @@ class StateExchange:
         self._other_flags = sum(((1 << self.size) - 1) << (bit * self.size)
                                 for bit in range(FLAG_BITS) if 1 << bit != WAITING)
         self._reduced = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
+        self._waits = struct.Struct(f"<{self.size}I")
+        # A loop repeats the same few flag words and slot sets: each is worked out once.
+        self._spread_flags = functools.lru_cache(maxsize=64)(self._spread_flags)
+        self._rank_flags = functools.lru_cache(maxsize=256)(self._rank_flags)
+        self._slots_of = functools.lru_cache(maxsize=256)(lambda word: tuple(_set_bits(word)))
         self.gathers = 0  # cycles that needed the full rows
 
     def exchange(self, flags, waited_seconds, slots):
@@ -41,14 +49,9 @@ class StateExchange:
         bits = 0
         for slot in slots:
             bits |= 1 << slot
-        flag_word = 0
-        for bit in range(FLAG_BITS):
-            if flags & (1 << bit):
-                flag_word |= 1 << (bit * self.size + self.rank)
         waits = bytearray(4 * self.size)
         waits[4 * self.rank:4 * self.rank + 4] = micros.to_bytes(4, "little")
-        summary = (flag_word.to_bytes(self._flag_bytes, "little") + waits
-                   + bits.to_bytes(self._slot_bytes, "little")
+        summary = (self._spread_flags(flags) + waits + bits.to_bytes(self._slot_bytes, "little")
                    + (self._all_slots ^ bits).to_bytes(self._slot_bytes, "little"))
         wait_all([self.comm.Iallreduce([summary, MPI.BYTE], [self._reduced, MPI.BYTE], op=MPI.BOR)])
         reduced = bytes(self._reduced)
@@ -58,12 +61,22 @@ class StateExchange:
         everywhere = self._all_slots ^ int.from_bytes(reduced[waits_end + self._slot_bytes:], "little")
         if flag_word & self._other_flags or some != everywhere:
             return self._gather_rows(flags, micros, slots)
-        rank_flags = [sum(((flag_word >> (bit * self.size + r)) & 1) << bit for bit in range(FLAG_BITS))
-                      for r in range(self.size)]
-        waited = [int.from_bytes(reduced[flag_end + 4 * r:flag_end + 4 * r + 4], "little") / 1e6
-                  for r in range(self.size)]
-        common = tuple(_set_bits(everywhere))
-        return [RankState(f, common, w) for f, w in zip(rank_flags, waited, strict=True)]
+        common = self._slots_of(everywhere)
+        waited = self._waits.unpack_from(reduced, flag_end)
+        return [RankState(f, common, w / 1e6) for f, w in zip(self._rank_flags(flag_word), waited, strict=True)]
+
+    def _spread_flags(self, flags):
+        """This rank's flags as the summary carries them: bit b of rank r at b * size + r."""
+        word = 0
+        for bit in range(FLAG_BITS):
+            if flags & (1 << bit):
+                word |= 1 << (bit * self.size + self.rank)
+        return word.to_bytes(self._flag_bytes, "little")
+
+    def _rank_flags(self, flag_word):
+        """Every rank's flags, back out of the summary's flag word."""
+        return [sum(((flag_word >> (bit * self.size + r)) & 1) << bit for bit in range(FLAG_BITS))
+                for r in range(self.size)]
 
     def _gather_rows(self, flags, micros, slots):
         self.gathers += 1

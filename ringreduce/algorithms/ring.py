@@ -5,7 +5,7 @@ time is 2 (n-1)/n of the data over one link, whatever the number of ranks. Segme
 may differ in length (ragged allgather, uneven splits) and may be empty.
 """
 
-import numpy as np
+import itertools
 
 
 def even_counts(total, parts):
@@ -15,7 +15,7 @@ def even_counts(total, parts):
 
 def offsets_of(counts):
     """Where each of consecutive segments of these lengths starts, and where the last ends."""
-    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+    return [0, *itertools.accumulate(int(count) for count in counts)]
 
 
 def pieces(array, chunk_elems):
