@@ -12,6 +12,7 @@ same error. The cache makes a training loop's steady state one bit per name and 
 import collections
 import dataclasses
 import functools
+import typing
 
 from ringreduce import agreement
 from ringreduce.agreement import ranks_text
@@ -25,9 +26,8 @@ def _flag(bit, doc):
     return property(lambda state: bool(state.flags & bit), doc=doc)
 
 
-@dataclasses.dataclass(frozen=True)
-class RankState:
-    """What one rank's row says this cycle."""
+class RankState(typing.NamedTuple):
+    """What one rank's row says this cycle (a tuple: one is made per rank and cycle)."""
 
     flags: int
     slots: tuple  # the cache slots of the requests it has pending
