@@ -113,7 +113,6 @@ class Concatenation:
 
     def __init__(self, parts):
         self.parts = parts
-        self.dtype = parts[0].dtype
         self.starts = [0, *np.cumsum([len(p) for p in parts]).tolist()]
 
     def __len__(self):

@@ -28,7 +28,7 @@ class Runtime:
         engine_comm = comm.Dup()
         self.topology, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
         chosen = algorithms.select(config, self.topology, engine_comm, host_comm, cross_comm)
-        self.gpu = gpu.select_device(self.topology.local_rank)
+        gpu.select_device(self.topology.local_rank)
         shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
         self.gpu_transport = gpu.choose_transport(config.gpu_transport, shared_bits)
         device_family = algorithms.device_family(self.gpu_transport, chosen, engine_comm, config)
