@@ -28,7 +28,7 @@ export PYTHONUNBUFFERED=1
 
 echo "== install (offline)"
 ls .wheels/*.whl >/dev/null || { echo "no wheels in .wheels/: run 'make gpu-wheels' where there is network"; exit 1; }
-timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile .wheels/*.whl || exit 1
+timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --force-reinstall .wheels/*.whl || exit 1
 timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 export PATH
