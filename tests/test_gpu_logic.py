@@ -139,3 +139,14 @@ def test_staged_reducescatter_allgather_and_broadcast(size):
         np.testing.assert_array_equal(gathered, np.concatenate([data(r, r + 1) for r in range(size)]))
         for root, got in enumerate(broadcasts):
             np.testing.assert_array_equal(got, data(root, 5))
+
+
+def test_a_cpu_job_never_imports_cupy():
+    """No NVIDIA device here: init must not pay for importing CuPy (installed or not)."""
+    if gpu.glob.glob("/dev/nvidia[0-9]*"):
+        pytest.skip("this machine has an NVIDIA device")
+    code = ("import sys, numpy, ringreduce as rr; rr.init(); rr.allreduce(numpy.ones(3)); "
+            "print('cupy' in sys.modules); rr.shutdown()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
