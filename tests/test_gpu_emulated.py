@@ -1,8 +1,8 @@
 """The GPU path end to end on machines without a GPU: tests/workers/gpu.py (every collective on
 CuPy arrays) under the real rrun and MPI, with the emulated CuPy of tests/emulated_cupy on the
 job's PYTHONPATH (its NCCL is MPI on host memory). Device tagging, the transport choice at init,
-the device executor, the NCCL family's calls (ragged blocks padded) and the staging transport
-(chunks, copies, the host algorithms underneath) run for real; CUDA itself is tested by
+the device executor, the NCCL family's calls (ragged blocks padded), MPI on device buffers and the
+staging transport (chunks, copies, the host algorithms underneath) run for real; CUDA itself is tested by
 test_gpu.py on a GPU."""
 
 import os
@@ -28,6 +28,8 @@ def emulated(**variables):
     (2, {}, "nccl"),  # auto: every rank has NCCL and a GPU of its own
     (3, {"RINGREDUCE_GPU_TRANSPORT": "nccl"}, "nccl"),
     (2, {"EMULATED_CUPY_SHARED_GPU": "1"}, "staged"),  # two ranks on one GPU: NCCL would refuse them
+    # MPI takes the emulated device arrays (host memory) as buffers; the override says it may.
+    (2, {"EMULATED_CUPY_SHARED_GPU": "1", "RINGREDUCE_CUDA_AWARE_MPI": "1"}, "mpi"),
     # Chunks of 1 KiB split the 4 KiB arrays, so the staged allreduce pipelines several.
     (3, {"RINGREDUCE_GPU_TRANSPORT": "staged", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "1024"}, "staged"),
 ])
