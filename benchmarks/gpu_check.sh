@@ -7,7 +7,7 @@
 #   3. runs the synthetic training example on the GPU at 1 and 2 ranks;
 #   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
 #      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging.
-# Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also copied to $OUT when set).
+# Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also written to $OUT when set).
 # Every step has a time limit, cut to what is left of 7.5 minutes, so the check ends within 8.
 set -uo pipefail
 END=$((SECONDS + 450))
@@ -23,7 +23,7 @@ LOG=benchmarks/results/gpu-$DAY.log
 MAX_MIB=${GPU_CHECK_MAX_MIB:-1024}
 mkdir -p benchmarks/results
 rm -f "$JSON"
-exec > >(tee "$LOG") 2>&1
+exec > >(tee "$LOG" ${OUT:+"$OUT/gpu-$DAY.log"}) 2>&1
 export PYTHONUNBUFFERED=1
 
 echo "== install (offline)"
@@ -34,6 +34,8 @@ PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$
 export PATH
 nvidia-smi -L || true
 timeout "$(limit 60)" rrun --check-build
+"$PYTHON" -c 'import sys; from ringreduce import gpu; why = gpu.unavailable_reason(); why and sys.exit(why)' \
+  || { echo "no usable GPU: this check would prove nothing here"; exit 3; }
 
 echo "== GPU tests"
 timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
@@ -54,6 +56,6 @@ for ranks in 1 2; do
   done
 done
 
-if [ -n "${OUT:-}" ]; then cp "$JSON" "$LOG" "$OUT"/ 2>/dev/null; fi
+if [ -n "${OUT:-}" ] && [ -f "$JSON" ]; then cp "$JSON" "$OUT"/; fi
 echo "== tests exit status: $tests"
 exit "$tests"
