@@ -12,6 +12,7 @@ import sys
 import click
 import psutil
 
+from ringreduce import config
 from ringreduce.launcher import checkbuild, dialects, hosts, reach, slurm
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
@@ -21,10 +22,10 @@ RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, 
 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
 KNOBS = (
-    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(["auto", "ring", "shm", "mpi"]),
+    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(config.ALGORITHMS),
      "Collective algorithms: chosen by size and topology, the ring, shared memory inside each host, "
      "or the MPI library's own [default: auto].", str),
-    ("--gpu-transport", "RINGREDUCE_GPU_TRANSPORT", click.Choice(["auto", "nccl", "mpi", "staged"]),
+    ("--gpu-transport", "RINGREDUCE_GPU_TRANSPORT", click.Choice(config.GPU_TRANSPORTS),
      "How collectives of GPU arrays travel: NCCL, CUDA-aware MPI or staging through pinned host "
      "memory [default: auto, the first of these that every rank has].", str),
     ("--hierarchical-allreduce/--no-hierarchical-allreduce", "RINGREDUCE_HIERARCHICAL", bool,

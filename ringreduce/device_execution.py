@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ringreduce import ops
+from ringreduce import fusion, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
 from ringreduce.ops import ReduceOp
 
@@ -67,12 +67,7 @@ class DeviceExecutor:
                 self._allreduce_alone(requests[0], outputs[0], op, message)
                 return outputs
             buf = self._fusion_view(offsets[-1], wire)
-            for index, request in enumerate(requests):
-                piece = buf[offsets[index]:offsets[index + 1]]
-                if request is None:
-                    piece.fill(ops.identity(op, wire))
-                else:
-                    self._cast(request.input.reshape(-1), piece, message.prescale)
+            fusion.pack(buf, offsets, requests, op, lambda array, piece: self._cast(array, piece, message.prescale))
             self.family.allreduce(buf, op)
             for index, output in enumerate(outputs):
                 self._finish(buf[offsets[index]:offsets[index + 1]], output.reshape(-1), op, message.postscale)
@@ -82,11 +77,8 @@ class DeviceExecutor:
         """One tensor, no compression: reduced straight into its output, read in place when unscaled."""
         flat, source = output.reshape(-1), None
         if request is not None and request.input is not output:
-            if message.prescale == 1.0 and request.input.flags.c_contiguous:
-                source = request.input.reshape(-1)
-            else:
-                self._cast(request.input.reshape(-1), flat, message.prescale)
-        elif request is not None:
+            source = self._contribution(request.input, flat, message.prescale)
+        elif request is not None:  # in place
             self._cast(flat, flat, message.prescale)
         self.family.allreduce(flat, op, source)
         self._finish(flat, flat, op, message.postscale)
@@ -114,8 +106,8 @@ class DeviceExecutor:
         row_size = math.prod(message.shape[1:])
         with self._on_gpu([request]):
             work = self.cupy.empty(math.prod(message.shape), message.dtype)
-            self._cast(request.input.reshape(-1), work, message.prescale)
-            mine = self.family.reducescatter(work, offsets_of([r * row_size for r in rows]), op)
+            source = self._contribution(request.input, work, message.prescale)
+            mine = self.family.reducescatter(work, offsets_of([r * row_size for r in rows]), op, source)
             result = self.cupy.empty((rows[self.rank],) + message.shape[1:], message.dtype)
             self._finish(mine, result.reshape(-1), op, message.postscale)
         return result
@@ -130,6 +122,14 @@ class DeviceExecutor:
         if self.fusion_buffer.nbytes < nbytes:
             self.fusion_buffer = self.cupy.empty(nbytes, np.uint8)
         return self.fusion_buffer[:nbytes].view(dtype)
+
+    def _contribution(self, array, target, factor):
+        """Where the family reads this rank's contribution (`array`, not `target`'s memory): `array`
+        itself, flat, when unscaled and contiguous; else None, after casting it, scaled, into `target`."""
+        if factor == 1.0 and array.flags.c_contiguous:
+            return array.reshape(-1)
+        self._cast(array.reshape(-1), target, factor)
+        return None
 
     def _cast(self, source, target, factor):
         """target = source * factor in target's dtype: one kernel (a plain copy when unscaled)."""

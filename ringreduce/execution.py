@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ringreduce import compression, gpu, ops
+from ringreduce import compression, fusion, gpu, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
 from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, to_host
 from ringreduce.device_execution import DeviceExecutor
@@ -76,12 +76,8 @@ class Executor:
                                     for m, r in zip(responses, requests, strict=True)])
         else:
             source = self._fusion_view(offsets[-1], wire)
-            for index, request in enumerate(requests):
-                piece = source[offsets[index]:offsets[index + 1]]
-                if request is None:
-                    piece.fill(ops.identity(op, wire))
-                else:
-                    _copy_scaled(request.input, piece.reshape(request.message.shape), message.prescale)
+            fusion.pack(source, offsets, requests, op,
+                        lambda array, piece: _copy_scaled(array, piece, message.prescale))
         copied_in = time.perf_counter()
         if new_results:
             # Every result is new: reduce straight into one recycled block and hand out views of
@@ -96,7 +92,7 @@ class Executor:
             self.algorithms.allreduce(source, op)
             reduced = time.perf_counter()
             for index, output in enumerate(outputs):
-                _store(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output)
+                _copy_scaled(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output, 1.0)
                 ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
@@ -138,10 +134,8 @@ class Executor:
         return result
 
     def _broadcast(self, response, request):
-        host = np.ascontiguousarray(request.output)
-        self.algorithms.broadcast(host.reshape(-1), response.message.root)
-        if host is not request.output:
-            _store(host, request.output)
+        """Into the request's output, which collectives.py made C-contiguous (a copy on the root)."""
+        self.algorithms.broadcast(request.output.reshape(-1), response.message.root)
         return request.output
 
     def _alltoall(self, response, request):
@@ -199,11 +193,6 @@ def _contribution(array, target, factor):
 def _readable_as(source, dtype):
     """Can the algorithms read `source` where it is, as elements of `dtype` (contiguous host array)?"""
     return isinstance(source, np.ndarray) and source.dtype == dtype and source.flags.c_contiguous
-
-
-def _store(host, output):
-    """output[...] = host in output's dtype."""
-    np.copyto(output, host, casting="unsafe")
 
 
 def _output_for(request, message, op):

@@ -104,14 +104,10 @@ def select_device(local_rank, environ=os.environ):
                         environ.get("CUDA_VISIBLE_DEVICES"))
     if device is not None:
         cupy.cuda.Device(device).use()
-        torch = _loaded_torch()
+        torch = sys.modules.get("torch")  # loaded by the program already; never imported here
         if torch is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)
     return cupy.cuda.Device().id
-
-
-def _loaded_torch():
-    return sys.modules.get("torch")
 
 
 def local_capabilities(host_comm):

@@ -212,14 +212,15 @@ class Negotiator:
     def _cached_outcome(self, slots):
         """The steady state's decision, the same as the general path reaches: every rank has the
         same cached requests pending and nothing else to say, so all of them run, in slot order."""
-        responses = []
-        for slot in slots:
-            name, messages = self.cache.entry(slot)
-            self.cache.touch(name)
-            responses.append(Response(name, messages))
-        self.cache_hits += len(responses)
+        responses = [self._cache_hit(*self.cache.entry(slot)) for slot in slots]
         self._previous_ran_something = bool(responses)
         return Outcome(responses)
+
+    def _cache_hit(self, name, messages):
+        """The response for a name whose messages all came as cache bits: agreed when cached."""
+        self.cache.touch(name)
+        self.cache_hits += 1
+        return Response(name, messages)
 
     def stall_due(self, now):
         """True when, by this rank's clock, a request has waited past the stall shutdown time.
@@ -249,10 +250,8 @@ class Negotiator:
                 f"{title} cannot run: {ranks_text(missing)} called join(); only allreduce goes on "
                 "while ranks are joining"))
         messages = tuple(entry.messages.get(r) for r in range(self.size))
-        if not missing and self.cache.holds(name, messages):  # agreed when it was cached
-            self.cache.touch(name)
-            self.cache_hits += 1
-            return Response(name, messages)
+        if not missing and self.cache.holds(name, messages):
+            return self._cache_hit(name, messages)
         error = agreement.disagreement([m for m in messages if m is not None],
                                        [r for r in range(self.size) if messages[r] is not None])
         if error is None and not missing:

@@ -96,14 +96,18 @@ def test_allgather_broadcast_and_reducescatter(size):
         target = data(rank, 6)
         cast = request("b", "broadcast", target, output=target, root=size - 1)
         broadcast = run.broadcast(response([cast], size), cast)
-        scatter = request("s", "reducescatter", data(rank, 15).reshape(5, 3), op=int(ReduceOp.SUM), postscale=2.0)
-        scattered = run.reducescatter(response([scatter], size), scatter)
-        return gathered, broadcast, scattered
+        rows = data(rank, 15).reshape(5, 3)
+        scatter = request("s", "reducescatter", rows, op=int(ReduceOp.SUM), postscale=2.0)
+        scattered = run.reducescatter(response([scatter], size), scatter)  # read in place
+        tripled = request("t", "reducescatter", rows.T.copy().T, op=int(ReduceOp.SUM), prescale=3.0)
+        scaled = run.reducescatter(response([tripled], size), tripled)  # cast, scaled, into the work buffer
+        return gathered, broadcast, scattered, scaled
 
     total = np.sum([data(r, 15).reshape(5, 3) for r in range(size)], axis=0)
     first = offsets_of(even_counts(5, size))
-    for rank, (gathered, broadcast, scattered) in enumerate(run_ranks(size, work)):
+    for rank, (gathered, broadcast, scattered, scaled) in enumerate(run_ranks(size, work)):
         np.testing.assert_array_equal(gathered, np.concatenate([data(r, 2 * (r + 1)).reshape(r + 1, 2)
                                                                 for r in range(size)]))
         np.testing.assert_array_equal(broadcast, data(size - 1, 6))
         np.testing.assert_array_equal(scattered, 2 * total[first[rank]:first[rank + 1]])
+        np.testing.assert_array_equal(scaled, 3 * total[first[rank]:first[rank + 1]])

@@ -71,28 +71,27 @@ class Chosen:
         self.families, self.small, self.small_bytes = families, small, small_bytes
         self.segment = segment
 
-    def _pick(self, collective, buf):
-        return self.small if buf.nbytes < self.small_bytes else self.families[collective]
+    def _pick(self, collective, nbytes):
+        return self.small if nbytes < self.small_bytes else self.families[collective]
 
     def allreduce(self, buf, op, source=None):
         """Reduce in place, or from `source` (this rank's contribution, same length and dtype) into `buf`."""
-        self._pick("allreduce", buf).allreduce(buf, op, source)
+        self._pick("allreduce", buf.nbytes).allreduce(buf, op, source)
 
     def reads_concatenation(self, nbytes):
         """Does the allreduce of `nbytes` take its `source` as an arrays.Concatenation (pieces read
         where they lie) rather than one array? Only the shared-memory family does."""
-        family = self.small if nbytes < self.small_bytes else self.families["allreduce"]
-        return isinstance(family, SharedMemory)
+        return isinstance(self._pick("allreduce", nbytes), SharedMemory)
 
     def reducescatter(self, buf, offsets, op, source=None):
         """This rank's segment of the reduction of every rank's `buf` (or `source`, into `buf`)."""
-        return self._pick("reducescatter", buf).reducescatter(buf, offsets, op, source)
+        return self._pick("reducescatter", buf.nbytes).reducescatter(buf, offsets, op, source)
 
     def allgather(self, buf, offsets):
-        self._pick("allgather", buf).allgather(buf, offsets)
+        self._pick("allgather", buf.nbytes).allgather(buf, offsets)
 
     def broadcast(self, buf, root):
-        self._pick("broadcast", buf).broadcast(buf, root)
+        self._pick("broadcast", buf.nbytes).broadcast(buf, root)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
         self.families["alltoall"].alltoallv(send, send_offsets, recv, recv_offsets)
@@ -151,11 +150,10 @@ def device_family(transport, host, comm, config):
 
     def build():
         cupy = gpu.require_cupy()
-        staged = Staged(CupyApi(cupy), host, comm.rank, config.pipeline_chunk_bytes)
-        if transport == "nccl":
-            return Nccl(cupy, gpu.nccl_module(), comm, staged)
+        api = CupyApi(cupy)
         if transport == "mpi":
-            return CudaAwareMpi(MPITransport(comm), staged.stream)
-        return staged
+            return CudaAwareMpi(MPITransport(comm), api.stream())
+        staged = Staged(api, host, comm.rank, config.pipeline_chunk_bytes)
+        return Nccl(cupy, gpu.nccl_module(), comm, staged) if transport == "nccl" else staged
 
     return build
