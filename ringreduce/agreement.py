@@ -4,7 +4,7 @@ Every rank explains a disagreement with the same words from the same messages, s
 error is raised on every rank involved.
 """
 
-import dataclasses
+import typing
 
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
 from ringreduce.ops import ReduceOp
@@ -13,15 +13,15 @@ from ringreduce.ops import ReduceOp
 RAGGED_KINDS = ("allgather", "alltoall")
 
 
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """One rank's request: what must agree across ranks, plus a problem with its arguments."""
+class Message(typing.NamedTuple):
+    """One rank's request: what must agree across ranks, plus a problem with its arguments.
+    (A tuple: one is made for every call, and ranks compare them field by field.)"""
 
     name: str
     kind: str
     dtype: str | None = None
     shape: tuple = ()
-    op: int = -1
+    op: int = -1  # a ReduceOp for the reductions
     root: int = -1
     prescale: float = 1.0
     postscale: float = 1.0

@@ -30,7 +30,7 @@ def as_array(value):
 
 def on_device(array):
     """A CuPy array? (Told without importing CuPy, which is slow and may have no GPU to use.)"""
-    return type(array).__module__.split(".")[0] == "cupy"
+    return type(array) is not np.ndarray and type(array).__module__.split(".")[0] == "cupy"
 
 
 def device_of(array):

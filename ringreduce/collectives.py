@@ -185,7 +185,7 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     op = ops.as_op(op)
     prescale, postscale = float(prescale_factor), float(postscale_factor)
     ops.check_op(op, array.dtype, prescale, postscale)
-    fields = _about(array, op=int(op), prescale=prescale, postscale=postscale,
+    fields = _about(array, op=op, prescale=prescale, postscale=postscale,
                     compression=compressions.check(compression))
     # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
     return fields, dict(input=array, output=array if in_place else None)

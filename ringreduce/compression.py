@@ -6,6 +6,8 @@ to 65504; larger values become inf. Scale them down first with prescale_factor (
 with postscale_factor), for example by 1/size, which also keeps the sum of all ranks in range.
 """
 
+import functools
+
 import numpy as np
 
 
@@ -38,12 +40,15 @@ class Compression:
 _BY_NAME = {c.name: c for c in (Compression.none, Compression.fp16)}
 
 
-def by_name(name):
-    return _BY_NAME[name]
+@functools.cache
+def wire_dtype(compression, dtype):
+    """The dtype that arrays of `dtype` travel as under the compression named `compression`
+    (asked for every request, so worked out once per pair)."""
+    return _BY_NAME[compression].wire_dtype(dtype)
 
 
 def check(compression):
     """The compressor's name, or a clear error for anything else."""
-    if compression not in _BY_NAME.values():
+    if compression not in (Compression.none, Compression.fp16):
         raise ValueError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
     return compression.name

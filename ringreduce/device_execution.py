@@ -59,7 +59,7 @@ class DeviceExecutor:
 
     def allreduce(self, responses, requests, wire):
         message = responses[0].message
-        op = ReduceOp(message.op)
+        op = message.op
         offsets = offsets_of([r.message.count for r in responses])
         with self._on_gpu(requests):
             outputs = [self._output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
@@ -101,7 +101,7 @@ class DeviceExecutor:
 
     def reducescatter(self, response, request):
         message = response.message
-        op = ReduceOp(message.op)
+        op = message.op
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
         with self._on_gpu([request]):

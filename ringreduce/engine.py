@@ -60,6 +60,7 @@ class Engine:
         self._failure = None  # set if the engine itself broke: every later request gets it
         self._reported_leaving = False
         self.states = StateExchange(comm, config.cache_capacity)
+        self._no_announcements = ((),) * self.size
         self._waited = 0.0  # seconds this rank waited in the last negotiation
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
         self._thread.start()
@@ -136,7 +137,7 @@ class Engine:
         # A rank with nothing in flight joins the next cycle only when it gets a request (or
         # ticks), so waiting for it costs no pace: start that cycle at once, and its request
         # completes it. When every rank has something in flight, keep the pace.
-        self._pace = all(state.waiting for state in states)
+        self._pace = all(state.flags & negotiation.WAITING for state in states)
         return outcome.all_shut_down
 
     def _cycle(self, arrived):
@@ -149,11 +150,13 @@ class Engine:
         for request in self._pending.values():
             if request.negotiated is None:
                 request.negotiated = negotiated
-        announcements = self._exchange_announcements(announce) if any(
-            s.flags & negotiation.ANNOUNCES for s in states) else [()] * self.size
+        if any(s.flags & negotiation.ANNOUNCES for s in states):
+            announcements = self._exchange_announcements(announce)
+            self.stats["announced"] += sum(map(len, announcements))
+        else:
+            announcements = self._no_announcements
         outcome = self.negotiator.negotiate(states, announcements, started)
         self.stats["cycles"] += 1
-        self.stats["announced"] += sum(len(a) for a in announcements)
         if outcome.responses:
             self._report_stranded(outcome.responses)
             self._execute(outcome.responses, started)

@@ -15,7 +15,6 @@ from ringreduce import compression, fusion, gpu, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
 from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, to_host
 from ringreduce.device_execution import DeviceExecutor
-from ringreduce.ops import ReduceOp
 
 # Collectives that run on the GPU for CuPy arrays; alltoall stages them through the host.
 DEVICE_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
@@ -60,7 +59,7 @@ class Executor:
 
     def _allreduce(self, responses, requests):
         message = responses[0].message
-        op = ReduceOp(message.op)
+        op = message.op
         wire = _wire(message)
         if len(responses) == 1 and wire == np.dtype(message.dtype):
             return self._allreduce_alone(responses[0], requests[0], op)
@@ -154,7 +153,7 @@ class Executor:
 
     def _reducescatter(self, response, request):
         message = response.message
-        op = ReduceOp(message.op)
+        op = message.op
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
         work = self.workspace.get(math.prod(message.shape), message.dtype).reshape(message.shape)
@@ -170,7 +169,7 @@ class Executor:
 
 
 def _wire(message):
-    return compression.by_name(message.compression).wire_dtype(message.dtype)
+    return compression.wire_dtype(message.compression, message.dtype)
 
 
 def _copy_scaled(source, target, factor):

@@ -12,7 +12,7 @@ def fusion_key(message):
 
 
 def wire_bytes(message):
-    return message.count * compression.by_name(message.compression).wire_dtype(message.dtype).itemsize
+    return message.count * compression.wire_dtype(message.compression, message.dtype).itemsize
 
 
 def plan(responses, threshold):

@@ -40,13 +40,14 @@ class RankState(typing.NamedTuple):
 
 
 class Cache:
-    """Names negotiated before, each in a slot, with every rank's message; least recently used
-    goes first when full. Every rank holds an identical copy."""
+    """Names negotiated before, each in a slot, with the Response every rank agreed on (reused
+    every time the name comes again as cache bits); least recently used goes first when full.
+    Every rank holds an identical copy."""
 
     def __init__(self, capacity):
         self.capacity = capacity
         self._slots = collections.OrderedDict()  # name -> slot, least recently used first
-        self._entries = {}  # slot -> (name, messages by rank)
+        self._entries = {}  # slot -> Response
         self._free = list(range(capacity))
 
     def __contains__(self, name):
@@ -55,32 +56,35 @@ class Cache:
     def slot_for(self, message, rank):
         """The slot that stands for this rank's message, if it is cached exactly as it is."""
         slot = self._slots.get(message.name)
-        if slot is not None and self._entries[slot][1][rank] == message:
+        if slot is not None and self._entries[slot].messages[rank] == message:
             return slot
         return None
 
     def entry(self, slot):
         return self._entries[slot]
 
-    def holds(self, name, messages):
-        """Are these the very messages cached for `name` (all of them came as cache bits)?"""
+    def cached(self, name, messages):
+        """The cached Response for `name` when these are its very messages (all of them came as
+        cache bits), else None."""
         slot = self._slots.get(name)
-        return slot is not None and all(
-            m is c for m, c in zip(messages, self._entries[slot][1], strict=True))
+        if slot is None:
+            return None
+        response = self._entries[slot]
+        return response if all(m is c for m, c in zip(messages, response.messages, strict=True)) else None
 
     def name_of(self, slot):
         entry = self._entries.get(slot)
-        return entry[0] if entry else None
+        return entry.name if entry else None
 
-    def insert(self, name, messages):
+    def insert(self, response):
         if self.capacity == 0:
             return
         if not self._free:
             self.evict(next(iter(self._slots)))
         slot = min(self._free)
         self._free.remove(slot)
-        self._slots[name] = slot
-        self._entries[slot] = (name, messages)
+        self._slots[response.name] = slot
+        self._entries[slot] = response
 
     def touch(self, name):
         self._slots.move_to_end(name)
@@ -179,8 +183,8 @@ class Negotiator:
             return self._cached_outcome(states[0].slots)
         for rank, state in enumerate(states):
             for slot in state.slots:
-                name, messages = self.cache.entry(slot)
-                self._arrive(name, rank, messages[rank], now)
+                cached = self.cache.entry(slot)
+                self._arrive(cached.name, rank, cached.messages[rank], now)
         for rank, messages in enumerate(announcements):
             for message in messages:
                 if message.name in self.cache:  # its arguments changed: forget the old ones
@@ -212,15 +216,15 @@ class Negotiator:
     def _cached_outcome(self, slots):
         """The steady state's decision, the same as the general path reaches: every rank has the
         same cached requests pending and nothing else to say, so all of them run, in slot order."""
-        responses = [self._cache_hit(*self.cache.entry(slot)) for slot in slots]
+        responses = [self._cache_hit(self.cache.entry(slot)) for slot in slots]
         self._previous_ran_something = bool(responses)
         return Outcome(responses)
 
-    def _cache_hit(self, name, messages):
-        """The response for a name whose messages all came as cache bits: agreed when cached."""
-        self.cache.touch(name)
+    def _cache_hit(self, response):
+        """A cached response whose messages all came as cache bits: agreed when cached."""
+        self.cache.touch(response.name)
         self.cache_hits += 1
-        return Response(name, messages)
+        return response
 
     def stall_due(self, now):
         """True when, by this rank's clock, a request has waited past the stall shutdown time.
@@ -250,16 +254,18 @@ class Negotiator:
                 f"{title} cannot run: {ranks_text(missing)} called join(); only allreduce goes on "
                 "while ranks are joining"))
         messages = tuple(entry.messages.get(r) for r in range(self.size))
-        if not missing and self.cache.holds(name, messages):
-            return self._cache_hit(name, messages)
+        cached = None if missing else self.cache.cached(name, messages)
+        if cached is not None:
+            return self._cache_hit(cached)
         error = agreement.disagreement([m for m in messages if m is not None],
                                        [r for r in range(self.size) if messages[r] is not None])
+        response = Response(name, messages, error)
         if error is None and not missing:
             if name in self.cache:
                 self.cache.touch(name)
             else:
-                self.cache.insert(name, messages)
-        return Response(name, messages, error)
+                self.cache.insert(response)
+        return response
 
     def _fail(self, name, entry, error):
         return Response(name, tuple(entry.messages.get(r) for r in range(self.size)), error)

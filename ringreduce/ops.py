@@ -38,6 +38,8 @@ _UFUNCS = {
 
 def as_op(op):
     """Accept a ReduceOp or its integer value; anything else is a clear error."""
+    if type(op) is ReduceOp:
+        return op
     try:
         return ReduceOp(op)
     except ValueError:

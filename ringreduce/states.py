@@ -36,34 +36,39 @@ class StateExchange:
         self._other_flags = sum(((1 << self.size) - 1) << (bit * self.size)
                                 for bit in range(FLAG_BITS) if 1 << bit != WAITING)
         self._reduced = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
+        self._slots_at = self._flag_bytes + 4 * self.size
         self._waits = struct.Struct(f"<{self.size}I")
+        self._my_wait = struct.Struct(f"<{4 * self.rank}xI{4 * (self.size - self.rank - 1)}x")
         # A loop repeats the same few flag words and slot sets: each is worked out once.
         self._spread_flags = functools.lru_cache(maxsize=64)(self._spread_flags)
         self._rank_flags = functools.lru_cache(maxsize=256)(self._rank_flags)
-        self._slots_of = functools.lru_cache(maxsize=256)(lambda word: tuple(_set_bits(word)))
+        self._slot_words = functools.lru_cache(maxsize=256)(self._slot_words)
         self.gathers = 0  # cycles that needed the full rows
 
     def exchange(self, flags, waited_seconds, slots):
         """Every rank's RankState, this rank's given by `flags`, `waited_seconds` and cache `slots`."""
         micros = min(int(waited_seconds * 1e6), 2**32 - 1)
+        slot_words, in_order = self._slot_words(tuple(slots))
+        summary = self._spread_flags(flags) + self._my_wait.pack(micros) + slot_words
+        wait_all([self.comm.Iallreduce([summary, MPI.BYTE], [self._reduced, MPI.BYTE], op=MPI.BOR)])
+        reduced = self._reduced
+        flag_word = int.from_bytes(reduced[:self._flag_bytes], "little")
+        # The union of every rank's bits and the union of their complements are this rank's own
+        # exactly when every rank has the same slots pending.
+        if flag_word & self._other_flags or reduced[self._slots_at:] != slot_words:
+            return self._gather_rows(flags, micros, slots)
+        waited = self._waits.unpack_from(reduced, self._flag_bytes)
+        return [RankState(f, in_order, w / 1e6) for f, w in zip(self._rank_flags(flag_word), waited, strict=True)]
+
+    def _slot_words(self, slots):
+        """The summary's cache words for these slots (their bits, then the complement), and the
+        slots in the order every rank lists them (lowest first)."""
         bits = 0
         for slot in slots:
             bits |= 1 << slot
-        waits = bytearray(4 * self.size)
-        waits[4 * self.rank:4 * self.rank + 4] = micros.to_bytes(4, "little")
-        summary = (self._spread_flags(flags) + waits + bits.to_bytes(self._slot_bytes, "little")
-                   + (self._all_slots ^ bits).to_bytes(self._slot_bytes, "little"))
-        wait_all([self.comm.Iallreduce([summary, MPI.BYTE], [self._reduced, MPI.BYTE], op=MPI.BOR)])
-        reduced = bytes(self._reduced)
-        flag_end, waits_end = self._flag_bytes, self._flag_bytes + 4 * self.size
-        flag_word = int.from_bytes(reduced[:flag_end], "little")
-        some = int.from_bytes(reduced[waits_end:waits_end + self._slot_bytes], "little")
-        everywhere = self._all_slots ^ int.from_bytes(reduced[waits_end + self._slot_bytes:], "little")
-        if flag_word & self._other_flags or some != everywhere:
-            return self._gather_rows(flags, micros, slots)
-        common = self._slots_of(everywhere)
-        waited = self._waits.unpack_from(reduced, flag_end)
-        return [RankState(f, common, w / 1e6) for f, w in zip(self._rank_flags(flag_word), waited, strict=True)]
+        words = bits.to_bytes(self._slot_bytes, "little") + (self._all_slots ^ bits).to_bytes(
+            self._slot_bytes, "little")
+        return words, tuple(sorted(slots))
 
     def _spread_flags(self, flags):
         """This rank's flags as the summary carries them: bit b of rank r at b * size + r."""
@@ -95,10 +100,3 @@ class StateExchange:
         waits = rows[:, 1:5].copy().view(np.uint32)[:, 0].tolist()
         return [RankState(f, tuple(s), w / 1e6) for f, s, w in zip(rows[:, 0].tolist(), per_rank, waits, strict=True)]
 
-
-def _set_bits(word):
-    """The positions of the bits set in `word`, lowest first."""
-    while word:
-        low = word & -word
-        yield low.bit_length() - 1
-        word ^= low
