@@ -278,6 +278,7 @@ class Engine:
 
     def _finish_shutdown(self):
         self.algorithms.close()
+        self.states.close()
         for comm in self.sub_comms + [self.comm]:
             comm.Free()
         self._shutdown_handle.finish()

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringreduce.negotiation import WAITING, RankState
-from ringreduce.transports import wait_all
+from ringreduce.transports import RepeatedAllreduce, wait_all
 
 FLAG_BITS = WAITING.bit_length()  # negotiation's flags are the bits below and including WAITING
 
@@ -35,7 +35,10 @@ class StateExchange:
         self._all_slots = (1 << (8 * self._slot_bytes)) - 1
         self._other_flags = sum(((1 << self.size) - 1) << (bit * self.size)
                                 for bit in range(FLAG_BITS) if 1 << bit != WAITING)
-        self._reduced = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
+        self._summary = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
+        self._reduced = bytearray(len(self._summary))
+        self._allreduce_summary = RepeatedAllreduce(
+            comm, [self._summary, MPI.BYTE], [self._reduced, MPI.BYTE], MPI.BOR)
         self._slots_at = self._flag_bytes + 4 * self.size
         self._waits = struct.Struct(f"<{self.size}I")
         self._my_wait = struct.Struct(f"<{4 * self.rank}xI{4 * (self.size - self.rank - 1)}x")
@@ -49,8 +52,8 @@ class StateExchange:
         """Every rank's RankState, this rank's given by `flags`, `waited_seconds` and cache `slots`."""
         micros = min(int(waited_seconds * 1e6), 2**32 - 1)
         slot_words, in_order = self._slot_words(tuple(slots))
-        summary = self._spread_flags(flags) + self._my_wait.pack(micros) + slot_words
-        wait_all([self.comm.Iallreduce([summary, MPI.BYTE], [self._reduced, MPI.BYTE], op=MPI.BOR)])
+        self._summary[:] = self._spread_flags(flags) + self._my_wait.pack(micros) + slot_words
+        self._allreduce_summary()
         reduced = self._reduced
         flag_word = int.from_bytes(reduced[:self._flag_bytes], "little")
         # The union of every rank's bits and the union of their complements are this rank's own
@@ -59,6 +62,9 @@ class StateExchange:
             return self._gather_rows(flags, micros, slots)
         waited = self._waits.unpack_from(reduced, self._flag_bytes)
         return [RankState(f, in_order, w / 1e6) for f, w in zip(self._rank_flags(flag_word), waited, strict=True)]
+
+    def close(self):
+        self._allreduce_summary.free()
 
     def _slot_words(self, slots):
         """The summary's cache words for these slots (their bits, then the complement), and the

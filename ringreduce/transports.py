@@ -1,4 +1,5 @@
-"""Point-to-point transfers over MPI, and the one way ringreduce waits for them.
+"""Point-to-point transfers over MPI, allreduces repeated on fixed buffers, and the one way
+ringreduce waits for them.
 
 Data moves through mpi4py's buffer interface as raw bytes: no pickling, no typed
 datatypes, so any dtype travels the same way. Waiting never blocks inside MPI (a rank
@@ -34,6 +35,33 @@ def wait_until(done):
 def wait_all(requests):
     """Wait until every MPI request completes (see wait_until)."""
     wait_until(lambda: MPI.Request.Testall(requests))
+
+
+class RepeatedAllreduce:
+    """An allreduce of the same buffers, count and op, run again at every call: an MPI-4
+    persistent collective, set up once, where the library has them (each start skips the argument
+    checks and the schedule that a fresh nonblocking call builds: at 2 ranks a 4 KiB allreduce
+    took 2-4 us against 11-18 us), else a fresh nonblocking call each time. Setting one up is a
+    collective call: every rank must make the same ones in the same order."""
+
+    def __init__(self, comm, sendbuf, recvbuf, op):
+        self._fresh = lambda: comm.Iallreduce(sendbuf, recvbuf, op)
+        try:
+            self._request = comm.Allreduce_init(sendbuf, recvbuf, op)
+        except (NotImplementedError, MPI.Exception):  # an MPI before 4.0
+            self._request = None
+
+    def __call__(self):
+        if self._request is None:
+            wait_all([self._fresh()])
+        else:
+            self._request.Start()
+            wait_until(self._request.Test)
+
+    def free(self):
+        if self._request is not None:
+            self._request.Free()
+            self._request = None
 
 
 class MPITransport:

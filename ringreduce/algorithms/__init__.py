@@ -97,6 +97,7 @@ class Chosen:
         self.families["alltoall"].alltoallv(send, send_offsets, recv, recv_offsets)
 
     def close(self):
+        self.small.close()
         if self.segment is not None:
             self.segment.close()
 
@@ -133,7 +134,7 @@ def plan(config, topology):
 def select(config, topology, comm, host_comm, cross_comm):
     """The algorithms that plan() names, built on this job's communicators."""
     chosen = plan(config, topology)
-    families = {"mpi": MPIAlgorithms(MPITransport(comm)),
+    families = {"mpi": MPIAlgorithms(MPITransport(comm), repeat_below=SMALL_BYTES),
                 "ring": RingAlgorithms(MPITransport(comm), config.pipeline_chunk_bytes)}
     segment = None
     if {"shm", "hierarchical"} & set(chosen.values()):

@@ -2,14 +2,21 @@
 the baseline that RINGREDUCE_ALGORITHM=mpi selects and the benchmarks compare against.
 
 They are started non-blocking and waited with the transport's wait, so a rank waiting in
-one neither spins a core nor misses a partner that has left.
+one neither spins a core nor misses a partner that has left. Small allreduces, where the call
+itself is what costs, run as repeated allreduces on buffers of their own, one per count, dtype
+and op seen (the last REPEATED_KEPT of them), with the array copied in and out.
 """
+
+import collections
 
 import numpy as np
 from mpi4py import MPI
 
 from ringreduce.arrays import new_like
 from ringreduce.ops import ReduceOp
+from ringreduce.transports import RepeatedAllreduce
+
+REPEATED_KEPT = 32
 
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
@@ -26,13 +33,40 @@ def _typed(buf):
 
 
 class MPIAlgorithms:
-    def __init__(self, transport):
+    def __init__(self, transport, repeat_below=0):
+        """Allreduces of fewer than `repeat_below` bytes of host memory run as repeated ones:
+        every rank calls these algorithms in the same order, so every rank sets up the same
+        ones at the same call, as a repeated allreduce needs."""
         self.comm = transport.comm
         self.wait = transport.wait
+        self.repeat_below = repeat_below
+        self._repeated = collections.OrderedDict()  # (count, dtype, op) -> (RepeatedAllreduce, buffer)
 
     def allreduce(self, buf, op, source=None):
+        if buf.nbytes < self.repeat_below:
+            self._allreduce_repeated(_typed(buf), op, _typed(buf if source is None else source))
+            return
         send = MPI.IN_PLACE if source is None else _typed(source)
         self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
+
+    def _allreduce_repeated(self, buf, op, source):
+        key = (len(buf), buf.dtype.str, op)
+        entry = self._repeated.pop(key, None)
+        if entry is None:
+            if len(self._repeated) == REPEATED_KEPT:
+                self._repeated.popitem(last=False)[1][0].free()
+            fixed = np.empty(len(buf), buf.dtype)
+            entry = (RepeatedAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op]), fixed)
+        self._repeated[key] = entry  # the most recently used last
+        run, fixed = entry
+        np.copyto(fixed, source)
+        run()
+        np.copyto(buf, fixed)
+
+    def close(self):
+        for run, _ in self._repeated.values():
+            run.free()
+        self._repeated.clear()
 
     def reducescatter(self, buf, offsets, op, source=None):
         counts = np.diff(offsets).tolist()
