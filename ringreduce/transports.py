@@ -50,6 +50,7 @@ class RepeatedAllreduce:
             self._request = comm.Allreduce_init(sendbuf, recvbuf, op)
         except (NotImplementedError, MPI.Exception):  # an MPI before 4.0
             self._request = None
+        self.persistent = self._request is not None
 
     def __call__(self):
         if self._request is None:

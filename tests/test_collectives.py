@@ -183,3 +183,16 @@ def test_objects_and_topology(job, request):
         assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]
         assert got["allgather_object"] == [{"rank": r, "text": "x" * r} for r in range(size)]
         assert got["topology"] == expected_topology(size, hosts)[rank]
+
+
+@pytest.mark.parametrize("np_, mpi", [(2, "mpich"), (3, "mpich"), (2, "openmpi")])
+def test_a_repeated_allreduce_runs_again_on_new_values_with_or_without_persistent_collectives(np_, mpi):
+    job = run_job(np_, "repeated.py", python=python_of(mpi))
+    assert job.returncode == 0, job.stderr[-3000:]
+    expected = [(np.arange(5) * np_ + 10 * round_).tolist() for round_ in range(3)]
+    for rank in range(np_):
+        reports = {r["label"]: r for r in map(json.loads, (
+            line[len("REPORT "):] for line in job.lines_of(rank) if line.startswith("REPORT ")))}
+        assert reports["persistent"]["persistent"] is True  # MPICH 5 and Open MPI 5 have MPI-4's
+        assert reports["fallback"]["persistent"] is False
+        assert reports["persistent"]["results"] == expected == reports["fallback"]["results"]
