@@ -48,10 +48,12 @@ class Engine:
         self.negotiator = negotiation.Negotiator(
             self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
         self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
-        self.stats = collections.Counter(
-            dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0))
+        self.stats = dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0)
         self._incoming = collections.deque()
-        self._wakeup = threading.Condition()
+        # Guards _incoming and _failure. The engine thread sleeps on _wakeup, a condition over the
+        # same lock; taking the plain lock is cheaper than entering the condition (Python code).
+        self._queue_lock = threading.Lock()
+        self._wakeup = threading.Condition(self._queue_lock)
         self._cycling = threading.Lock()  # held by whichever thread runs a cycle
         self._pace = True
         self._pending = {}  # name -> Request, in submission order
@@ -69,7 +71,7 @@ class Engine:
 
     def submit(self, request, wake=True):
         """Queue a request; `wake=False` when the caller will run the cycles itself (wait_for)."""
-        with self._wakeup:
+        with self._queue_lock:
             if self._failure is not None:
                 request.handle.finish(error=self._failure)
                 return
@@ -100,7 +102,7 @@ class Engine:
                 self._cycling.release()
             if self._pace:  # every rank has something in flight: keep the cycle time, on the engine thread
                 break
-        with self._wakeup:
+        with self._queue_lock:
             if self._incoming or self._pending or self._join_handle or self._shutdown_handle:
                 self._wakeup.notify()
         return handle.wait()
@@ -110,7 +112,7 @@ class Engine:
     def _run(self):
         try:
             while True:
-                with self._wakeup:
+                with self._queue_lock:
                     busy = self._pending or self._join_handle or self._shutdown_handle
                     ticked = False
                     if not self._incoming and (self._pace or not busy):
@@ -130,7 +132,7 @@ class Engine:
     def _cycle_once(self):
         """One cycle with whatever has arrived (the caller holds self._cycling); True when every
         rank has shut down."""
-        with self._wakeup:
+        with self._queue_lock:
             arrived = list(self._incoming)
             self._incoming.clear()
         outcome, states = self._cycle(arrived)
@@ -267,7 +269,7 @@ class Engine:
             sys.stderr.flush()
 
     def _break(self, failure):
-        with self._wakeup:
+        with self._queue_lock:
             self._failure = failure
             waiting = list(self._pending.values()) + [r for r in self._incoming if not isinstance(r, tuple)]
             handles = [r.handle for r in waiting] + [h for h in (self._join_handle, self._shutdown_handle) if h]
