@@ -142,6 +142,7 @@ def test_check_build_reports_the_installation():
     assert result.returncode == 0, result.stderr
     assert "ringreduce v0.1.0" in result.stdout
     assert "[X] mpi4py 4." in result.stdout
+    assert "[X] persistent collectives (MPI_Allreduce_init)" in result.stdout  # MPICH 5 has them
     assert "[X] mpiexec " in result.stdout and "(MPICH)" in result.stdout
     assert "Available frameworks:" in result.stdout
     assert "GPU arrays and their transports (the first one checked is the default):\n    [" in result.stdout
