@@ -172,9 +172,12 @@ def candidates(collective, count, rank, size, world, families):
             "gloo": (lambda: dist.all_gather(pieces, tensor) or torch.cat(pieces).numpy(), equals(expected)),
         }
     if collective == "broadcast":
-        buffer = mine.copy()
+        buffer, received = mine.copy(), mine.copy()
         return {
             "ringreduce": (lambda: rr.broadcast(mine, root_rank=0, name="bench"), equals(1.0)),
+            # As MPI's here: into a buffer allocated once (the root's holds its own values).
+            "ringreduce in place (broadcast_)": (lambda: rr.broadcast_(received, root_rank=0, name="bench_"),
+                                                 equals(1.0)),
             **{name: (lambda f=family: f.broadcast(buffer, 0) or buffer, equals(1.0))
                for name, family in direct.items()},
             "MPI Bcast": (lambda: world.Bcast(buffer, root=0) or buffer, equals(1.0)),
