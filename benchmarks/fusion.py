@@ -4,10 +4,11 @@
 
 In the same run: one MPI Allreduce of the gradients concatenated into one buffer (timed
 before ringreduce starts, because an engine thread polling MPI slows down the MPI library's
-own calls on the main thread), then, interleaved step after step, the engine with fusion
-(async, submitted in backward order), one synchronous allreduce per tensor, and the engine
-with fp16 compression. Prints a table (rank 0) and writes benchmarks/results/fusion.json.
-Every variant is checked against the expected sum before it is timed.
+own calls on the main thread), then, interleaved step after step in a rotating order, each
+timed step after an untimed one of the same variant: the engine with fusion (async, submitted
+in backward order), one synchronous allreduce per tensor, and the engine with fp16
+compression. Prints a table (rank 0) and writes benchmarks/results/fusion.json. Every variant
+is checked against the expected sum before it is timed.
 """
 
 import argparse
@@ -71,8 +72,14 @@ def main():
             assert np.all(result == expected), f"{name} gave a wrong sum"
     times.update({name: [] for name in variants})
     collectives = {baseline: 1}
-    for _ in range(args.steps):
-        for name, run in variants.items():
+    names = list(variants)
+    for step in range(args.steps):
+        # A training loop repeats one way of allreducing, so each timed step follows an untimed
+        # one of the same variant: what the variant before left behind (the recycled result
+        # blocks, the caches) made the next one up to 2x slower. The order rotates too.
+        for name in names[step % len(names):] + names[:step % len(names)]:
+            run = variants[name]
+            run()
             rr.barrier()
             before = rr.engine_stats()["collectives"]
             start = time.perf_counter()

@@ -5,7 +5,7 @@ plain process (no communication) using every core of the node on the global batc
 
     rrun -np 2 python benchmarks/training.py
 
-The two distributed variants alternate in rounds; the plain process runs on rank 0 while the
+The two distributed variants alternate in rounds, each going first in turn; the plain process runs on rank 0 while the
 other ranks wait. Prints images per second, DDP's and the plain process's ratios, and writes
 benchmarks/results/training.json.
 """
@@ -55,8 +55,9 @@ def main():
     ours = ringreduce_trainer(data, target)
     theirs = ddp_trainer(data, target)
     rates = {"ringreduce": [], "DDP on gloo": []}
-    for _ in range(args.rounds):
-        for name, (step, images) in (("ringreduce", ours), ("DDP on gloo", theirs)):
+    trainers = [("ringreduce", ours), ("DDP on gloo", theirs)]
+    for round_ in range(args.rounds):
+        for name, (step, images) in trainers[round_ % 2:] + trainers[:round_ % 2]:  # each goes first in turn
             rr.barrier()
             rates[name].append(images_per_second(step, images, args.steps_per_round))
     totals = {name: rr.allreduce(torch.tensor([statistics.median(r)], dtype=torch.float64), op=rr.Sum,
