@@ -4,6 +4,7 @@ Every rank explains a disagreement with the same words from the same messages, s
 error is raised on every rank involved.
 """
 
+import math
 import typing
 
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
@@ -31,10 +32,7 @@ class Message(typing.NamedTuple):
 
     @property
     def count(self):
-        total = 1
-        for dim in self.shape:
-            total *= dim
-        return total
+        return math.prod(self.shape)
 
 
 _PROBLEM_TYPES = {cls.__name__: cls for cls in (TypeError, ValueError, UnsupportedDtypeError)}

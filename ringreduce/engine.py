@@ -241,10 +241,11 @@ class Engine:
         groups = fusion.plan(responses, self.config.fusion_threshold_bytes)
         for group in groups:
             requests = [self._pending.pop(r.name, None) for r in group]
-            for response, request in zip(group, requests, strict=True):
-                if request is not None:
-                    self.timeline.phase(response.name, "NEGOTIATE", request.submitted, request.negotiated)
-                    self.timeline.phase(response.name, "WAIT_FOR_OTHER_RANKS", request.negotiated, cycle_started)
+            if self.timeline.recording:
+                for response, request in zip(group, requests, strict=True):
+                    if request is not None:
+                        self.timeline.phase(response.name, "NEGOTIATE", request.submitted, request.negotiated)
+                        self.timeline.phase(response.name, "WAIT_FOR_OTHER_RANKS", request.negotiated, cycle_started)
             error = group[0].error
             if error is None:
                 results = self.executor.run(group, requests)
