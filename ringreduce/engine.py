@@ -256,7 +256,8 @@ class Engine:
                     request.handle.finish(None if error else results[index], error)
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
-        self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
+        if self.timeline.recording:
+            self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
 
     def _report_stranded(self, responses):
         """When this rank is leaving while others wait for it, tell rrun at once: if the others then
