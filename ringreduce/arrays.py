@@ -95,15 +95,17 @@ def writable_in_place(array, what):
 
 class Workspace:
     """Scratch memory allocated once and grown when needed, so a collective never first-touches
-    fresh pages on its hot path."""
+    fresh pages on its hot path. `allocate(nbytes)` gives a flat uint8 array: host memory by
+    default; device or pinned host memory for the GPU paths."""
 
-    def __init__(self):
-        self._buffer = np.empty(0, dtype=np.uint8)
+    def __init__(self, allocate=lambda nbytes: np.empty(nbytes, dtype=np.uint8)):
+        self._allocate = allocate
+        self._buffer = None
 
     def get(self, count, dtype):
         nbytes = count * np.dtype(dtype).itemsize
-        if self._buffer.nbytes < nbytes:
-            self._buffer = np.empty(nbytes, dtype=np.uint8)
+        if self._buffer is None or self._buffer.nbytes < nbytes:
+            self._buffer = self._allocate(nbytes)
         return self._buffer[:nbytes].view(dtype)
 
 

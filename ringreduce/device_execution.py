@@ -18,6 +18,7 @@ import numpy as np
 
 from ringreduce import fusion, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.arrays import Workspace
 from ringreduce.ops import ReduceOp
 
 # y = x * factor in y's dtype, in one pass (the cast of compression included).
@@ -44,7 +45,7 @@ class DeviceExecutor:
                                          first.input if first.input is not None else first.output)
             with self.device:
                 self.family = self.make_family()
-                self.fusion_buffer = self.cupy.empty(0, np.uint8)
+                self.fusion_buffer = Workspace(lambda nbytes: self.cupy.empty(nbytes, np.uint8))
                 self._scaled_cast = self.cupy.ElementwiseKernel(*_SCALED_CAST)
         with self.device, self.family.stream:
             for request in requests:
@@ -66,7 +67,7 @@ class DeviceExecutor:
             if len(responses) == 1 and wire == np.dtype(message.dtype):
                 self._allreduce_alone(requests[0], outputs[0], op, message)
                 return outputs
-            buf = self._fusion_view(offsets[-1], wire)
+            buf = self.fusion_buffer.get(offsets[-1], wire)
             fusion.pack(buf, offsets, requests, op, lambda array, piece: self._cast(array, piece, message.prescale))
             self.family.allreduce(buf, op)
             for index, output in enumerate(outputs):
@@ -116,12 +117,6 @@ class DeviceExecutor:
         if request is None:  # a joined rank takes part with the op's identity
             return self.cupy.full(message.shape, ops.identity(op, message.dtype), dtype=message.dtype)
         return request.output if request.output is not None else self.cupy.empty(message.shape, message.dtype)
-
-    def _fusion_view(self, count, dtype):
-        nbytes = count * dtype.itemsize
-        if self.fusion_buffer.nbytes < nbytes:
-            self.fusion_buffer = self.cupy.empty(nbytes, np.uint8)
-        return self.fusion_buffer[:nbytes].view(dtype)
 
     def _contribution(self, array, target, factor):
         """Where the family reads this rank's contribution (`array`, not `target`'s memory): `array`

@@ -26,7 +26,7 @@ class Executor:
         self.algorithms = algorithms
         self.rank, self.size = rank, size
         self.timeline = timeline
-        self.fusion_buffer = np.empty(0, dtype=np.uint8)  # grown once, reused for every fused group
+        self.fusion_buffer = Workspace()  # grown once, reused for every fused group
         self.workspace = Workspace()  # reducescatter's copy of its input
         self._device_family = device_family
         self._device = None
@@ -74,7 +74,7 @@ class Executor:
             source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
                                     for m, r in zip(responses, requests, strict=True)])
         else:
-            source = self._fusion_view(offsets[-1], wire)
+            source = self.fusion_buffer.get(offsets[-1], wire)
             fusion.pack(source, offsets, requests, op,
                         lambda array, piece: _copy_scaled(array, piece, message.prescale))
         copied_in = time.perf_counter()
@@ -115,12 +115,6 @@ class Executor:
         ops.finish(flat, op, self.size, message.postscale)
         self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
         return [output]
-
-    def _fusion_view(self, count, dtype):
-        nbytes = count * dtype.itemsize
-        if self.fusion_buffer.nbytes < nbytes:
-            self.fusion_buffer = np.empty(nbytes, dtype=np.uint8)
-        return self.fusion_buffer[:nbytes].view(dtype)
 
     def _allgather(self, response, request):
         message = response.message

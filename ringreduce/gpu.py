@@ -22,7 +22,6 @@ import sys
 
 from ringreduce.errors import RingReduceError
 
-TRANSPORTS = ("auto", "nccl", "mpi", "staged")
 NCCL, CUDA_AWARE_MPI = 1, 2
 _NAMES = {NCCL: "NCCL", CUDA_AWARE_MPI: "CUDA-aware MPI"}
 

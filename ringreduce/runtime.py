@@ -61,6 +61,7 @@ def init(comm=None):
         return
     comm = MPI.COMM_WORLD if comm is None else comm
     _check_launch(comm)
+    _check_thread_level()
     _active = Runtime(comm, Config.from_env())
     _install_hooks()
 
@@ -123,6 +124,18 @@ def _check_launch(comm):
         "Run `rrun --check-build`, and point rrun at the matching mpiexec (--mpiexec or "
         "RRUN_MPIEXEC) or rebuild mpi4py against the site's MPI (see the README)."
     )
+
+
+def _check_thread_level():
+    """The engine calls MPI from its own thread and from callers' threads that run a cycle, one at
+    a time: the library must allow calls from any thread (MPI_THREAD_SERIALIZED or more)."""
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_SERIALIZED:
+        name = "MPI_THREAD_SINGLE" if provided == MPI.THREAD_SINGLE else "MPI_THREAD_FUNNELED"
+        raise RingReduceError(
+            f"MPI was started with {name}, but ringreduce calls MPI from its engine thread and needs "
+            "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE; mpi4py asks for MULTIPLE unless "
+            "mpi4py.rc.thread_level or MPI4PY_RC_THREAD_LEVEL says otherwise")
 
 
 def _install_hooks():

@@ -186,7 +186,7 @@ def test_objects_and_topology(job, request):
 
 
 @pytest.mark.parametrize("np_, mpi", [(2, "mpich"), (3, "mpich"), (2, "openmpi")])
-def test_a_repeated_allreduce_runs_again_on_new_values_with_or_without_persistent_collectives(np_, mpi):
+def test_repeated_allreduces_run_again_on_new_values_with_or_without_persistent_collectives(np_, mpi):
     job = run_job(np_, "repeated.py", python=python_of(mpi))
     assert job.returncode == 0, job.stderr[-3000:]
     expected = [(np.arange(5) * np_ + 10 * round_).tolist() for round_ in range(3)]
@@ -196,3 +196,7 @@ def test_a_repeated_allreduce_runs_again_on_new_values_with_or_without_persisten
         assert reports["persistent"]["persistent"] is True  # MPICH 5 and Open MPI 5 have MPI-4's
         assert reports["fallback"]["persistent"] is False
         assert reports["persistent"]["results"] == expected == reports["fallback"]["results"]
+        sums = [np.sum([np.arange(7.0) * (r + 1) + round_ for r in range(np_)], axis=0).tolist() for round_ in range(3)]
+        assert reports["persistent"]["sums"] == sums == reports["fallback"]["sums"]
+        # Without persistent collectives, small allreduces go back to fresh calls on the arrays themselves.
+        assert reports["persistent"]["still_repeating"] is True and reports["fallback"]["still_repeating"] is False

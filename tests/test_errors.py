@@ -54,6 +54,12 @@ def test_collective_before_init_is_a_clear_error():
                 "call ringreduce.init() first") in job.lines_of(rank)
 
 
+def test_an_mpi_without_calls_from_other_threads_is_a_clear_error_at_init(tmp_path):
+    job = run_job(2, "collectives.py", str(tmp_path), env={"MPI4PY_RC_THREAD_LEVEL": "funneled"}, timeout=60)
+    assert job.returncode != 0
+    assert "MPI was started with MPI_THREAD_FUNNELED, but ringreduce calls MPI from its engine thread" in job.stderr
+
+
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_uncaught_mismatch_ends_the_job_with_the_error(case):
     job = run_job(2, "mismatch.py", case, timeout=60)

@@ -9,6 +9,7 @@ waits for the stream once, before it hands out results.
 import numpy as np
 
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.arrays import Workspace
 from ringreduce.ops import ReduceOp
 
 
@@ -136,17 +137,11 @@ class Staged:
         self.api, self.host, self.rank, self.chunk_bytes = api, host, rank, chunk_bytes
         self.stream = api.stream()
         self._down, self._up = api.stream(), api.stream()
-        self._pinned = np.empty(0, np.uint8)
-
-    def _staging(self, count, dtype):
-        nbytes = count * np.dtype(dtype).itemsize
-        if self._pinned.nbytes < nbytes:
-            self._pinned = self.api.pinned(nbytes)
-        return self._pinned[:nbytes].view(dtype)
+        self._pinned = Workspace(api.pinned)
 
     def _download(self, buf, lo=0, hi=None):
         """buf[lo:hi] in the staging memory (at the same offsets), once the stream's work is done."""
-        host = self._staging(buf.size, buf.dtype)
+        host = self._pinned.get(buf.size, buf.dtype)
         self._down.wait(self.stream.record())
         self.api.download(buf[lo:hi], host[lo:hi], self._down)
         self._down.record().synchronize()
@@ -157,7 +152,7 @@ class Staged:
         self.stream.wait(self._up.record())  # what the stream queues next runs after the upload
 
     def allreduce(self, buf, op, source=None):
-        host = self._staging(buf.size, buf.dtype)
+        host = self._pinned.get(buf.size, buf.dtype)
         send = buf if source is None else source
         chunk = max(1, self.chunk_bytes // buf.dtype.itemsize)
         spans = [(start, min(start + chunk, buf.size)) for start in range(0, buf.size, chunk)]
@@ -184,7 +179,7 @@ class Staged:
         self._upload(host, buf)
 
     def broadcast(self, buf, root):
-        host = self._download(buf) if self.rank == root else self._staging(buf.size, buf.dtype)
+        host = self._download(buf) if self.rank == root else self._pinned.get(buf.size, buf.dtype)
         self.host.broadcast(host, root)
         if self.rank != root:
             self._upload(host, buf)

@@ -43,25 +43,32 @@ class MPIAlgorithms:
         self._repeated = collections.OrderedDict()  # (count, dtype, op) -> (RepeatedAllreduce, buffer)
 
     def allreduce(self, buf, op, source=None):
-        if buf.nbytes < self.repeat_below:
-            self._allreduce_repeated(_typed(buf), op, _typed(buf if source is None else source))
+        repeated = self._repeated_for(_typed(buf), op) if buf.nbytes < self.repeat_below else None
+        if repeated is None:
+            send = MPI.IN_PLACE if source is None else _typed(source)
+            self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
             return
-        send = MPI.IN_PLACE if source is None else _typed(source)
-        self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
+        run, fixed = repeated
+        np.copyto(fixed, _typed(buf if source is None else source))
+        run()
+        np.copyto(_typed(buf), fixed)
 
-    def _allreduce_repeated(self, buf, op, source):
+    def _repeated_for(self, buf, op):
+        """The repeated allreduce, and its buffer, for arrays like `buf`; None where the library
+        has no persistent collectives (a fresh call on the array itself then saves two copies)."""
         key = (len(buf), buf.dtype.str, op)
         entry = self._repeated.pop(key, None)
         if entry is None:
+            fixed = np.empty(len(buf), buf.dtype)
+            run = RepeatedAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op])
+            if not run.persistent:
+                self.repeat_below = 0
+                return None
             if len(self._repeated) == REPEATED_KEPT:
                 self._repeated.popitem(last=False)[1][0].free()
-            fixed = np.empty(len(buf), buf.dtype)
-            entry = (RepeatedAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op]), fixed)
+            entry = (run, fixed)
         self._repeated[key] = entry  # the most recently used last
-        run, fixed = entry
-        np.copyto(fixed, source)
-        run()
-        np.copyto(buf, fixed)
+        return entry
 
     def close(self):
         for run, _ in self._repeated.values():

@@ -1,6 +1,7 @@
-"""Runs transports.RepeatedAllreduce three times on changing buffers, as a persistent collective
-and as an MPI before 4.0 would (no Allreduce_init), and reports the results.
-Usage: repeated.py"""
+"""Runs transports.RepeatedAllreduce three times on changing buffers, and three small allreduces
+through MPIAlgorithms (which uses repeated ones below `repeat_below`), both on a communicator
+with persistent collectives and on one as an MPI before 4.0 presents it (no Allreduce_init), and
+reports the results. Usage: repeated.py"""
 
 import json
 import os
@@ -10,7 +11,9 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from ringreduce.transports import RepeatedAllreduce  # noqa: E402
+from ringreduce.algorithms.mpi_native import MPIAlgorithms  # noqa: E402
+from ringreduce.ops import ReduceOp  # noqa: E402
+from ringreduce.transports import MPITransport, RepeatedAllreduce  # noqa: E402
 
 
 class WithoutPersistentCollectives:
@@ -22,8 +25,8 @@ class WithoutPersistentCollectives:
     def Allreduce_init(self, *args):  # noqa: N802 - mpi4py's name
         raise NotImplementedError("MPI_Allreduce_init")
 
-    def Iallreduce(self, *args):  # noqa: N802
-        return self.comm.Iallreduce(*args)
+    def __getattr__(self, name):  # everything else is the communicator's own
+        return getattr(self.comm, name)
 
 
 comm = MPI.COMM_WORLD.Dup()
@@ -37,5 +40,14 @@ for label, on in (("persistent", comm), ("fallback", WithoutPersistentCollective
         repeated()
         results.append(received.tolist())
     repeated.free()
-    print("REPORT " + json.dumps({"label": label, "persistent": repeated.persistent, "results": results}), flush=True)
+    algorithms = MPIAlgorithms(MPITransport(on), repeat_below=1 << 10)
+    sums = []
+    for round_ in range(3):
+        result = np.empty(7, np.float64)
+        algorithms.allreduce(result, ReduceOp.SUM, np.arange(7.0) * (rank + 1) + round_)
+        sums.append(result.tolist())
+    still_repeating = algorithms.repeat_below > 0
+    algorithms.close()
+    print("REPORT " + json.dumps({"label": label, "persistent": repeated.persistent, "results": results,
+                                  "sums": sums, "still_repeating": still_repeating}), flush=True)
 comm.Free()
