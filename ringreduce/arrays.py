@@ -110,15 +110,21 @@ class Workspace:
 
 
 class Concatenation:
-    """Flat arrays of one dtype read as one, without copying them together: `spans` hands out
-    views of the arrays that a range covers, so an algorithm reads every element where it lies."""
+    """Flat arrays of one dtype (at least one array) seen as one, without copying them together:
+    `spans` hands out views of the arrays that a range covers, so an algorithm reads, or writes,
+    every element where it lies."""
 
     def __init__(self, parts):
         self.parts = parts
+        self.dtype = parts[0].dtype
         self.starts = [0, *np.cumsum([len(p) for p in parts]).tolist()]
 
     def __len__(self):
         return self.starts[-1]
+
+    @property
+    def nbytes(self):
+        return self.starts[-1] * self.dtype.itemsize
 
     def spans(self, start, stop):
         """(offset from `start`, view) for each stretch of [start, stop) that lies in one array."""

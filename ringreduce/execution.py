@@ -6,6 +6,7 @@ result per request. The host algorithms work on numpy arrays; collectives of CuP
 on the GPU (device_execution.py), except alltoall, which stages them through the host.
 """
 
+import functools
 import math
 import time
 
@@ -65,11 +66,13 @@ class Executor:
             return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
-        new_results = wire == np.dtype(message.dtype) and all(
-            r is None or r.output is None for r in requests)
+        uncompressed = wire == np.dtype(message.dtype)
+        new_results = uncompressed and all(r is None or r.output is None for r in requests)
+        finish = _finisher(op, self.size, message.postscale)
         started = time.perf_counter()
-        if new_results and message.prescale == 1.0 and self.algorithms.reads_concatenation(
-                offsets[-1] * wire.itemsize) and all(r is None or _readable_as(r.input, wire) for r in requests):
+        where_they_lie = uncompressed and message.prescale == 1.0 and self.algorithms.reads_concatenation(
+            offsets[-1] * wire.itemsize) and all(r is None or _readable_as(r.input, wire) for r in requests)
+        if where_they_lie:
             # The algorithm reads each piece where it lies: nothing is packed at all.
             source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
                                     for m, r in zip(responses, requests, strict=True)])
@@ -82,17 +85,24 @@ class Executor:
             # Every result is new: reduce straight into one recycled block and hand out views of
             # it, which saves unpacking a fusion buffer.
             block = RECYCLER.empty((offsets[-1],), message.dtype)
-            self.algorithms.allreduce(block, op, source)
+            self.algorithms.allreduce(block, op, source, finish)
             reduced = time.perf_counter()
-            ops.finish(block, op, self.size, message.postscale)
             outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
+        elif where_they_lie:
+            # ... and writes each result where it goes (the gradients of a training step, reduced in
+            # place): nothing is unpacked either.
+            outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
+            self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, finish)
+            reduced = time.perf_counter()
         else:
             outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
-            self.algorithms.allreduce(source, op)
+            # Compressed, the division waits for the cast back, as it would without compression.
+            self.algorithms.allreduce(source, op, finish=finish if uncompressed else None)
             reduced = time.perf_counter()
             for index, output in enumerate(outputs):
                 _copy_scaled(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output, 1.0)
-                ops.finish(output.reshape(-1), op, self.size, message.postscale)
+                if not uncompressed:
+                    ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -111,8 +121,7 @@ class Executor:
             source = _contribution(request.input, output, message.prescale)
         elif request is not None:
             ops.scale(flat, message.prescale)
-        self.algorithms.allreduce(flat, op, source)
-        ops.finish(flat, op, self.size, message.postscale)
+        self.algorithms.allreduce(flat, op, source, _finisher(op, self.size, message.postscale))
         self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
         return [output]
 
@@ -164,6 +173,14 @@ class Executor:
 
 def _wire(message):
     return compression.wire_dtype(message.compression, message.dtype)
+
+
+def _finisher(op, size, postscale):
+    """ops.finish for the algorithms to run on each stretch of the result as it is reduced; None
+    when the sums are the result already."""
+    if op != ops.Average and postscale == 1.0:
+        return None
+    return functools.partial(ops.finish, op=op, size=size, postscale_factor=postscale)
 
 
 def _copy_scaled(source, target, factor):

@@ -33,6 +33,42 @@ def test_ring_allreduce(size, chunk):
             np.testing.assert_array_equal(got, expected)
 
 
+def _finish_test(size, allreduce, place=None):
+    """`allreduce(rank_context, buf, finish)` with a finish that multiplies by 10 and counts the
+    elements it saw: every rank must get 10 times the sum (each stretch was finished before it
+    was passed on), and the ranks together must have finished every element exactly once."""
+    length = 97
+    seen = [0] * size
+
+    def work(context):
+        rank = context.rank if hasattr(context, "rank") else context[0]
+        buf = data(rank, length)
+
+        def finish(stretch):
+            seen[rank] += len(stretch)
+            np.multiply(stretch, 10, out=stretch)
+
+        allreduce(context, buf, finish)
+        return buf
+
+    expected = 10 * np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
+    for got in run_ranks(size, work, place):
+        np.testing.assert_array_equal(got, expected)
+    assert sum(seen) == length, seen
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_ring_allreduce_finishes_each_segment_once_before_passing_it_on(size):
+    _finish_test(size, lambda t, buf, finish: ring.allreduce(t, buf, np.add, np.empty(98, np.int64), 5, finish))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_shared_memory_allreduce_finishes_each_slice_once_before_passing_it_on(size):
+    host = shared_host(size, 24)
+    _finish_test(size, lambda segment, buf, finish: SharedMemory(segment).allreduce(buf, ReduceOp.SUM, None, finish),
+                 lambda rank, _: ThreadSegment(rank, host))
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_ring_reduce_scatter_with_uneven_and_empty_segments(size):
     counts = [(3 * r) % 4 for r in range(size)]  # includes empty segments
@@ -114,6 +150,26 @@ def test_shared_memory_allreduce(size, piece_bytes):
         expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
         for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
             np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_shared_memory_allreduce_writes_a_concatenation_that_is_also_its_source(size):
+    """Fused gradients reduced in place: each result lands in the array it came from, pieces of
+    3 elements per rank crossing the arrays' boundaries everywhere, and Average's division runs
+    on the way."""
+    lengths = [5, 0, 1, 7, 2, 0, 11, 3]
+    host = shared_host(size, 24)
+
+    def work(segment):
+        parts = [data(segment.rank + 7 * i, n) for i, n in enumerate(lengths)]
+        fused = Concatenation(parts)
+        SharedMemory(segment).allreduce(fused, ReduceOp.SUM, fused, lambda s: np.floor_divide(s, size, out=s))
+        return np.concatenate(parts)
+
+    expected = np.sum([np.concatenate([data(r + 7 * i, n) for i, n in enumerate(lengths)])
+                       for r in range(size)], axis=0, dtype=np.int64) // size
+    for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
+        np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

@@ -42,16 +42,18 @@ class MPIAlgorithms:
         self.repeat_below = repeat_below
         self._repeated = collections.OrderedDict()  # (count, dtype, op) -> (RepeatedAllreduce, buffer)
 
-    def allreduce(self, buf, op, source=None):
+    def allreduce(self, buf, op, source=None, finish=None):
         repeated = self._repeated_for(_typed(buf), op) if buf.nbytes < self.repeat_below else None
         if repeated is None:
             send = MPI.IN_PLACE if source is None else _typed(source)
             self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
-            return
-        run, fixed = repeated
-        np.copyto(fixed, _typed(buf if source is None else source))
-        run()
-        np.copyto(_typed(buf), fixed)
+        else:
+            run, fixed = repeated
+            np.copyto(fixed, _typed(buf if source is None else source))
+            run()
+            np.copyto(_typed(buf), fixed)
+        if finish is not None:
+            finish(buf)
 
     def _repeated_for(self, buf, op):
         """The repeated allreduce, and its buffer, for arrays like `buf`; None where the library

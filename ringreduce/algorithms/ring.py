@@ -58,9 +58,12 @@ def allgather(transport, buf, offsets):
         )
 
 
-def allreduce(transport, buf, combine, scratch, chunk_elems):
+def allreduce(transport, buf, combine, scratch, chunk_elems, finish=None):
+    """`finish`, if given, runs on this rank's fully reduced segment before it is passed on."""
     offsets = offsets_of(even_counts(len(buf), transport.size))
     reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems)
+    if finish is not None:
+        finish(_segment(buf, offsets, transport.rank))
     allgather(transport, buf, offsets)
 
 

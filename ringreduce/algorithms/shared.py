@@ -28,8 +28,8 @@ class SharedMemory:
         self.segment = segment
         self.cross_allreduce = cross_allreduce
 
-    def allreduce(self, buf, op, source=None):
-        self._reduce(buf, op, 0, len(buf), buf if source is None else source)
+    def allreduce(self, buf, op, source=None, finish=None):
+        self._reduce(buf, op, 0, len(buf), buf if source is None else source, finish)
 
     def reducescatter(self, buf, offsets, op, source=None):
         """Reduce every rank's `buf` (or `source`); this rank's segment of `buf` holds the result
@@ -63,16 +63,17 @@ class SharedMemory:
             part = buf[start:start + window]
             yield start, part, self.segment.area(buf.dtype, len(part))
 
-    def _reduce(self, buf, op, keep_start, keep_stop, source):
-        """Reduce `source` (an array or an arrays.Concatenation) over every rank (and host); write
-        the result into `buf` in [keep_start, keep_stop)."""
+    def _reduce(self, buf, op, keep_start, keep_stop, source, finish=None):
+        """Reduce `source` over every rank (and host); write the result, after `finish` if given,
+        into `buf` in [keep_start, keep_stop). Either may be an arrays.Concatenation, and they may
+        be the same arrays: each piece is read before the barrier that precedes its writes."""
         combine = ops.ufunc(op)
         ranks, rank = self.segment.size, self.segment.rank
         piece = self.segment.area_bytes // ranks // buf.dtype.itemsize
         for start in range(0, len(buf), piece):
-            part = buf[start:start + piece]
-            slots = self.segment.area(buf.dtype, piece * ranks).reshape(ranks, piece)[:, :len(part)]
-            bounds = offsets_of(even_counts(len(part), ranks))
+            length = min(piece, len(buf) - start)
+            slots = self.segment.area(buf.dtype, piece * ranks).reshape(ranks, piece)[:, :length]
+            bounds = offsets_of(even_counts(length, ranks))
             for other in range(ranks):
                 if other != rank:
                     lo = bounds[other]
@@ -86,12 +87,14 @@ class SharedMemory:
                                        slots[rank, mine])
             if self.cross_allreduce is not None:
                 self.cross_allreduce(slots[rank, lo:bounds[rank + 1]], op)
+            if finish is not None:
+                finish(slots[rank, lo:bounds[rank + 1]])
             self.segment.barrier()
-            keep_lo, keep_hi = _clip(keep_start, keep_stop, start, len(part))
+            keep_lo, keep_hi = _clip(keep_start, keep_stop, start, length)
             for owner in range(ranks):
                 lo, hi = max(bounds[owner], keep_lo), min(bounds[owner + 1], keep_hi)
-                if lo < hi:
-                    part[lo:hi] = slots[owner, lo:hi]
+                for offset, view in spans(buf, start + lo, start + hi):
+                    view[...] = slots[owner, lo + offset:lo + offset + len(view)]
 
 
 def _combine_in_rank_order(combine, sources, reduced):
