@@ -34,14 +34,15 @@ def test_ring_allreduce(size, chunk):
 
 
 def _finish_test(size, allreduce, place=None):
-    """`allreduce(rank_context, buf, finish)` with a finish that multiplies by 10 and counts the
-    elements it saw: every rank must get 10 times the sum (each stretch was finished before it
-    was passed on), and the ranks together must have finished every element exactly once."""
+    """`allreduce(context, buf, finish)` (context: the rank's transport or segment) with a finish
+    that multiplies by 10 and counts the elements it saw: every rank must get 10 times the sum
+    (each stretch was finished before it was passed on), and the ranks together must have
+    finished every element exactly once."""
     length = 97
     seen = [0] * size
 
     def work(context):
-        rank = context.rank if hasattr(context, "rank") else context[0]
+        rank = context.rank
         buf = data(rank, length)
 
         def finish(stretch):

@@ -21,8 +21,11 @@ def reports(job, rank):
     return [json.loads(line[len("REPORT "):]) for line in job.lines_of(rank) if line.startswith("REPORT ")]
 
 
-def test_three_hundred_tensors_in_a_different_order_on_every_rank(tmp_path):
-    job = run_job(3, "engine.py", "stress", tmp_path)
+# With pieces of the shared segment far smaller than the fused groups, results written where
+# their arrays lie cross the arrays' boundaries in every piece.
+@pytest.mark.parametrize("env", [{}, {"RINGREDUCE_SHM_PIECE_BYTES": "12345"}], ids=["default", "small-pieces"])
+def test_three_hundred_tensors_in_a_different_order_on_every_rank(tmp_path, env):
+    job = run_job(3, "engine.py", "stress", tmp_path, env=env)
     assert job.returncode == 0, job.stderr[-3000:]
     results = [np.load(tmp_path / f"rank{r}.npz") for r in range(3)]
     for index, (name, dtype, shape, op) in enumerate(cases.stress_specs()):
