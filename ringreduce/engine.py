@@ -73,7 +73,11 @@ class Engine:
         """Queue a request; `wake=False` when the caller will run the cycles itself (wait_for)."""
         with self._queue_lock:
             if self._failure is not None:
-                request.handle.finish(error=self._failure)
+                if isinstance(request, tuple):  # a broken engine has stopped: leaving it needs nothing
+                    kind, handle = request
+                    handle.finish(error=None if kind is _SHUTDOWN else self._failure)
+                else:
+                    request.handle.finish(error=self._failure)
                 return
             self._incoming.append(request)
             if wake:
@@ -113,11 +117,15 @@ class Engine:
         try:
             while True:
                 with self._queue_lock:
+                    if self._failure is not None:
+                        return  # broken by a cycle on a caller's thread: the ranks are out of step
                     busy = self._pending or self._join_handle or self._shutdown_handle
                     ticked = False
                     if not self._incoming and (self._pace or not busy):
                         ticked = not self._wakeup.wait(self.config.cycle_time_ms / 1000 if busy else IDLE_SECONDS)
                 with self._cycling:
+                    if self._failure is not None:
+                        return
                     if not (ticked or self._incoming or self._pending or self._join_handle or self._shutdown_handle):
                         continue  # woken for requests that a waiting caller's cycles already ran
                     if self._cycle_once():
@@ -240,7 +248,8 @@ class Engine:
     def _execute(self, responses, cycle_started):
         groups = fusion.plan(responses, self.config.fusion_threshold_bytes)
         for group in groups:
-            requests = [self._pending.pop(r.name, None) for r in group]
+            # They leave _pending once finished: if the collective raises, _break fails them.
+            requests = [self._pending.get(r.name) for r in group]
             if self.timeline.recording:
                 for response, request in zip(group, requests, strict=True):
                     if request is not None:
@@ -253,6 +262,7 @@ class Engine:
                 self.stats["bytes"] += sum(fusion.wire_bytes(r.message) for r in group)
             for index, request in enumerate(requests):
                 if request is not None:
+                    del self._pending[request.name]
                     request.handle.finish(None if error else results[index], error)
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
@@ -271,8 +281,10 @@ class Engine:
             sys.stderr.flush()
 
     def _break(self, failure):
+        """Fail everything in flight and every later request; the engine thread stops."""
         with self._queue_lock:
             self._failure = failure
+            self._wakeup.notify()
             waiting = list(self._pending.values()) + [r for r in self._incoming if not isinstance(r, tuple)]
             handles = [r.handle for r in waiting] + [h for h in (self._join_handle, self._shutdown_handle) if h]
             self._pending.clear()

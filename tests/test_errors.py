@@ -70,6 +70,19 @@ def test_uncaught_mismatch_ends_the_job_with_the_error(case):
     assert any(error_type in line for rank in range(2) for line in job.lines_of(rank, "stderr"))
 
 
+@pytest.mark.parametrize("thread", ["caller", "engine"])
+def test_a_broken_engine_fails_every_call_and_still_shuts_down(thread):
+    """A cycle that raises leaves the ranks out of step: that call and every later one fail with
+    the cause, and shutdown() (and the exit after it) neither hangs nor raises."""
+    job = run_job(2, "broken.py", thread, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        lines = job.lines_of(rank)
+        cause = f"the ringreduce engine on rank {rank} failed: RuntimeError('injected fault')"
+        assert f"caught: {cause}" in lines and f"later: {cause}" in lines and "shut down" in lines, lines
+    assert "Exception ignored" not in job.stderr and "AttributeError" not in job.stderr, job.stderr[-3000:]
+
+
 def test_a_rank_that_raises_is_named(mpi_python):
     job = run_job(3, "misbehave.py", "raise", python=mpi_python, timeout=60)
     assert job.returncode == 1
