@@ -6,6 +6,7 @@ arrays are told apart by their type's module.
 """
 
 import bisect
+import itertools
 import math
 import sys
 import threading
@@ -135,6 +136,12 @@ class Concatenation:
             if lo < hi:
                 yield lo - start, self.parts[index][lo - begin:hi - begin]
             index += 1
+
+
+def disjoint(arrays):
+    """Do these contiguous host arrays occupy separate memory, no byte shared by two of them?"""
+    bounds = sorted((a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays)
+    return all(end <= start for (_, end), (start, _) in itertools.pairwise(bounds))
 
 
 def spans(source, start, stop):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ringreduce import compression, fusion, gpu, ops
 from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import RECYCLER, Concatenation, Workspace, like, new_like, to_host
+from ringreduce.arrays import RECYCLER, Concatenation, Workspace, disjoint, like, new_like, to_host
 from ringreduce.device_execution import DeviceExecutor
 
 # Collectives that run on the GPU for CuPy arrays; alltoall stages them through the host.
@@ -70,8 +70,7 @@ class Executor:
         new_results = uncompressed and all(r is None or r.output is None for r in requests)
         finish = _finisher(op, self.size, message.postscale)
         started = time.perf_counter()
-        where_they_lie = uncompressed and message.prescale == 1.0 and self.algorithms.reads_concatenation(
-            offsets[-1] * wire.itemsize) and all(r is None or _readable_as(r.input, wire) for r in requests)
+        where_they_lie = self._reads_where_they_lie(requests, message, wire, offsets[-1], new_results)
         if where_they_lie:
             # The algorithm reads each piece where it lies: nothing is packed at all.
             source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
@@ -109,6 +108,15 @@ class Executor:
             self.timeline.phase(response.name, "ALLREDUCE", copied_in, reduced)
             self.timeline.phase(response.name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
         return outputs
+
+    def _reads_where_they_lie(self, requests, message, wire, count, new_results):
+        """Can the algorithm read every input where it lies, and write the results there too unless
+        they are all new? Uncompressed, unscaled, contiguous inputs on the shared-memory path; and
+        results written into the inputs must not land where another request still reads."""
+        return (wire == np.dtype(message.dtype) and message.prescale == 1.0
+                and self.algorithms.reads_concatenation(count * wire.itemsize)
+                and all(r is None or _readable_as(r.input, wire) for r in requests)
+                and (new_results or disjoint([r.input for r in requests if r is not None])))
 
     def _allreduce_alone(self, response, request, op):
         """One tensor, no compression: reduce straight into its output, no fusion buffer. An

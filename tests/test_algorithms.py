@@ -10,7 +10,7 @@ from threads import QueueTransport, ThreadSegment, data, run_ranks, shared_host
 
 from ringreduce.algorithms import SMALL_BYTES, pairwise, plan, ring, tree
 from ringreduce.algorithms.shared import SharedMemory
-from ringreduce.arrays import Concatenation
+from ringreduce.arrays import Concatenation, disjoint
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.ops import ReduceOp
@@ -151,6 +151,14 @@ def test_shared_memory_allreduce(size, piece_bytes):
         expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
         for got in run_ranks(size, work, lambda rank, _: ThreadSegment(rank, host)):
             np.testing.assert_array_equal(got, expected)
+
+
+def test_disjoint_tells_arrays_that_share_memory():
+    block = np.zeros(10)
+    assert disjoint([block[:5], block[5:], np.zeros(3), block[:0]])
+    assert not disjoint([block[:6], block[5:]])
+    assert not disjoint([block, block])
+    assert not disjoint([np.zeros(4), block, block[9:]])
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])

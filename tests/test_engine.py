@@ -36,6 +36,15 @@ def test_three_hundred_tensors_in_a_different_order_on_every_rank(tmp_path, env)
             np.testing.assert_array_equal(got, expected, err_msg=f"{name} on rank {rank}")
 
 
+def test_an_array_read_by_several_requests_of_one_fused_group_is_read_as_it_was():
+    """Submitted in place twice and out of place once: on the shared-memory path, in pieces
+    smaller than the array, no request reads what another has already written."""
+    job = run_job(2, "engine.py", "aliased", env={"RINGREDUCE_SHM_PIECE_BYTES": "12345"})
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert reports(job, rank) == [{"correct": [True, True, True]}]
+
+
 @pytest.mark.parametrize("threshold, most_collectives", [(None, 3), ("0", 100)])
 def test_small_tensors_submitted_together_are_fused(threshold, most_collectives):
     env = {} if threshold is None else {"RINGREDUCE_FUSION_THRESHOLD": threshold}

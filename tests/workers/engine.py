@@ -55,6 +55,18 @@ elif mode == "fusion":
     correct = correct and all(np.array_equal(g, np.full(3, sum(range(size)))) for g in grouped)
     report(together=together, correct=correct)
 
+elif mode == "aliased":
+    # One array submitted in place under two names at once, and read out of place by a third:
+    # every request reads the array as it was, as when each is copied into a fusion buffer first.
+    array = np.arange(50_000, dtype=np.float32) * (rank + 1)
+    original = array.copy()
+    handles = [rr.allreduce_async_(array, op=rr.Sum, name="twice.a"),
+               rr.allreduce_async_(array, op=rr.Sum, name="twice.b"),
+               rr.allreduce_async(array, op=rr.Sum, name="read")]
+    results = [rr.synchronize(h) for h in handles]
+    expected = original * sum(range(1, size + 1)) / (rank + 1)
+    report(correct=[bool(np.array_equal(r, expected)) for r in results])
+
 elif mode == "cache":
     # A training loop's steady state: the same named tensors every iteration.
     before = rr.engine_stats()
