@@ -50,6 +50,14 @@ def reference_reduce(arrays, op):
     return ufunc.reduce(stacked, axis=0, dtype=dtype)
 
 
+# A fused group as a training step submits it: several lengths, averaged together, most in place.
+FUSED_LENGTHS = (1, 7, 1001, 50_003, 3, 20_000)
+
+
+def fused_input(rank, index):
+    return values(rank, "int64", FUSED_LENGTHS[index], salt=index)
+
+
 def stress_specs(count=300):
     """(name, dtype, shape, op) of many tensors of mixed sizes and dtypes, the same on every rank."""
     rng = np.random.default_rng(2024)

@@ -111,6 +111,15 @@ def test_allreduce_keeps_shape_scalars_scaling_and_odd_inputs(job):
     assert_same_everywhere(ranks, "allreduce_-inplace", cases.reference_reduce(in_place, "Sum"))
 
 
+def test_allreduce_of_a_fused_group_mostly_in_place(job):
+    """Averaged together as one fused group (on shared memory: each result written where its
+    array lies), on every algorithm and topology of the configurations."""
+    size, ranks, _ = job
+    for index in range(len(cases.FUSED_LENGTHS)):
+        inputs = [cases.fused_input(r, index) for r in range(size)]
+        assert_same_everywhere(ranks, f"fused-{index}", cases.reference_reduce(inputs, "Average"))
+
+
 def test_allgather_ragged_first_dimension(job):
     size, ranks, _ = job
     for dtype in cases.DTYPES:

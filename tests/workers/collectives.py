@@ -37,6 +37,13 @@ returned = rr.allreduce_(in_place, op=rr.Sum)
 assert returned is in_place
 out["allreduce_-inplace"] = in_place
 
+fused = [cases.fused_input(rank, i) for i in range(len(cases.FUSED_LENGTHS))]
+handles = [rr.allreduce_async(array, name=f"fused.{i}") if i == 2 else rr.allreduce_async_(array, name=f"fused.{i}")
+           for i, array in enumerate(fused)]
+for i, (array, handle) in enumerate(zip(fused, handles, strict=True)):
+    out[f"fused-{i}"] = rr.synchronize(handle)
+    assert i == 2 or out[f"fused-{i}"] is array
+
 for dtype in cases.DTYPES:
     mine = cases.values(rank, dtype, 3 * (rank + 1)).reshape(rank + 1, 3)
     out[f"allgather-{dtype}"] = rr.allgather(mine)
