@@ -63,16 +63,9 @@ def check_dtype(array):
         raise UnsupportedDtypeError(f"dtype {array.dtype} is not supported; use one of {names}")
 
 
-def fresh_copy(array):
-    """A new C-contiguous array with `array`'s values: the one copy an out-of-place call makes.
-
-    It also makes non-contiguous and read-only inputs safe to communicate.
-    """
-    if on_device(array):
-        return module_of(array).array(array, order="C", copy=True)
-    copy = RECYCLER.empty(array.shape, array.dtype)
-    np.copyto(copy, array)
-    return copy
+def device_copy(array):
+    """A new C-contiguous copy of a CuPy array, on its GPU."""
+    return module_of(array).array(array, order="C", copy=True)
 
 
 def new_like(array, shape=None):

@@ -144,8 +144,9 @@ class Executor:
         return result
 
     def _broadcast(self, response, request):
-        """Into the request's output, which collectives.py made C-contiguous (a copy on the root)."""
-        self.algorithms.broadcast(request.output.reshape(-1), response.message.root)
+        """Into the request's output (C-contiguous), from the root's input where it has one."""
+        source = None if request.input is None else np.ascontiguousarray(request.input).reshape(-1)
+        self.algorithms.broadcast(request.output.reshape(-1), response.message.root, source)
         return request.output
 
     def _alltoall(self, response, request):

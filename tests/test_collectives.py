@@ -151,6 +151,7 @@ def test_broadcast_from_every_root(job):
     size, ranks, _ = job
     for root in range(size):
         assert_same_everywhere(ranks, f"broadcast-root{root}", cases.values(root, "float64", 1001))
+        assert_same_everywhere(ranks, f"broadcast-strided-root{root}", cases.values(root, "float32", 2 * 50_003)[::2])
         assert_same_everywhere(ranks, f"broadcast_-root{root}", cases.values(root, "int8", 50).reshape(5, 10))
 
 

@@ -1,13 +1,13 @@
 """The collective algorithms, and the choice among them that RINGREDUCE_ALGORITHM makes.
 
 Every family takes flat contiguous arrays and element offsets and works in place (allreduce
-and reducescatter may also read this rank's contribution from a separate `source`, which saves
-a copy of it; reducescatter returns this rank's segment, which may be a view of `buf`); the
-layer above handles shapes, dtypes, scaling and copies. An allreduce's `finish` (Average's
-division, the postscale) runs in place on each stretch of the result once it is reduced and
-before it is passed on: by one rank, on its share, where that share is still in the cache,
-instead of by every rank in one more pass over the whole result. The device families (device.py) do
-the same on CuPy buffers.
+and reducescatter may also read this rank's contribution from a separate `source`, and
+broadcast the root's values, which saves a copy of them; reducescatter returns this rank's
+segment, which may be a view of `buf`); the layer above handles shapes, dtypes, scaling and
+copies. An allreduce's `finish` (Average's division, the postscale) runs in place on each
+stretch of the result once it is reduced and before it is passed on: by one rank, on its share,
+where that share is still in the cache, instead of by every rank in one more pass over the whole
+result. The device families (device.py) do the same on CuPy buffers.
 """
 
 import numpy as np
@@ -56,7 +56,9 @@ class RingAlgorithms:
     def allgather(self, buf, offsets):
         ring.allgather(self.transport, buf, offsets)
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf, root, source=None):
+        if source is not None:
+            buf[:] = source
         tree.broadcast(self.transport, buf, root, self._chunk(buf))
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
@@ -95,8 +97,9 @@ class Chosen:
     def allgather(self, buf, offsets):
         self._pick("allgather", buf.nbytes).allgather(buf, offsets)
 
-    def broadcast(self, buf, root):
-        self._pick("broadcast", buf.nbytes).broadcast(buf, root)
+    def broadcast(self, buf, root, source=None):
+        """`buf` on every rank gets the root's values: its `buf`, or its `source` if it passes one."""
+        self._pick("broadcast", buf.nbytes).broadcast(buf, root, source)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
         self.families["alltoall"].alltoallv(send, send_offsets, recv, recv_offsets)

@@ -91,7 +91,9 @@ class MPIAlgorithms:
         spec = [buf, counts, displacements, MPI.BYTE]
         self.wait([self.comm.Iallgatherv(MPI.IN_PLACE, spec)])
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf, root, source=None):
+        if source is not None:
+            buf[...] = source
         self.wait([self.comm.Ibcast([buf, MPI.BYTE], root)])
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):

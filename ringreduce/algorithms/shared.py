@@ -48,12 +48,14 @@ class SharedMemory:
             part[:lo] = area[:lo]
             part[hi:] = area[hi:]
 
-    def broadcast(self, buf, root):
-        for _, part, area in self._windows(buf):
+    def broadcast(self, buf, root, source=None):
+        """Every rank's `buf` gets the root's `buf`, or the root's `source` when it has one: then
+        the root copies each piece out of the segment too, while the others do."""
+        for start, part, area in self._windows(buf):
             if self.segment.rank == root:
-                area[:] = part
+                area[:] = part if source is None else source[start:start + len(part)]
             self.segment.barrier()
-            if self.segment.rank != root:
+            if self.segment.rank != root or source is not None:
                 part[:] = area
 
     def _windows(self, buf):

@@ -57,6 +57,10 @@ out["alltoall-uneven"], out["alltoall-uneven-received"] = result, received
 
 for root in range(size):
     out[f"broadcast-root{root}"] = rr.broadcast(cases.values(rank, "float64", 1001), root_rank=root)
+    strided = cases.values(rank, "float32", 2 * 50_003)[::2]  # the root sends it from where it lies
+    result = rr.broadcast(strided, root_rank=root)
+    assert result is not strided and result.flags.c_contiguous
+    out[f"broadcast-strided-root{root}"] = result
     target = cases.values(rank, "int8", 50).reshape(5, 10)
     rr.broadcast_(target, root_rank=root)
     out[f"broadcast_-root{root}"] = target
