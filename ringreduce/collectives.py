@@ -207,13 +207,13 @@ def _broadcast(tensor, root_rank, in_place):
     topology = runtime.active().topology
     if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < topology.size:
         raise ValueError(f"root_rank {root_rank!r} is not a rank of this job (0 to {topology.size - 1})")
+    fields = _about(array, root=int(root_rank))
     if in_place:
-        return _about(array, root=int(root_rank)), dict(output=array)
+        return fields, dict(output=array)
     if topology.rank == root_rank and arrays.on_device(array):
-        return _about(array, root=int(root_rank)), dict(output=arrays.device_copy(array))
+        return fields, dict(output=arrays.device_copy(array))
     # The root's values go out from its input, and into its new array on the way.
-    source = array if topology.rank == root_rank else None
-    return _about(array, root=int(root_rank)), dict(input=source, output=arrays.new_like(array))
+    return fields, dict(input=array if topology.rank == root_rank else None, output=arrays.new_like(array))
 
 
 def _alltoall(tensor, splits):

@@ -37,7 +37,8 @@ class Compression:
     fp16 = FP16Compressor()
 
 
-_BY_NAME = {c.name: c for c in (Compression.none, Compression.fp16)}
+_ALL = (Compression.none, Compression.fp16)
+_BY_NAME = {c.name: c for c in _ALL}
 
 
 @functools.cache
@@ -49,6 +50,6 @@ def wire_dtype(compression, dtype):
 
 def check(compression):
     """The compressor's name, or a clear error for anything else."""
-    if compression not in (Compression.none, Compression.fp16):
+    if compression not in _ALL:
         raise ValueError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
     return compression.name

@@ -62,15 +62,15 @@ class Executor:
         message = responses[0].message
         op = message.op
         wire = _wire(message)
-        if len(responses) == 1 and wire == np.dtype(message.dtype):
+        uncompressed = wire == np.dtype(message.dtype)
+        if len(responses) == 1 and uncompressed:
             return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
-        uncompressed = wire == np.dtype(message.dtype)
         new_results = uncompressed and all(r is None or r.output is None for r in requests)
         finish = _finisher(op, self.size, message.postscale)
         started = time.perf_counter()
-        where_they_lie = self._reads_where_they_lie(requests, message, wire, offsets[-1], new_results)
+        where_they_lie = uncompressed and self._reads_where_they_lie(requests, message, wire, offsets[-1], new_results)
         if where_they_lie:
             # The algorithm reads each piece where it lies: nothing is packed at all.
             source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
@@ -87,21 +87,21 @@ class Executor:
             self.algorithms.allreduce(block, op, source, finish)
             reduced = time.perf_counter()
             outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
-        elif where_they_lie:
-            # ... and writes each result where it goes (the gradients of a training step, reduced in
-            # place): nothing is unpacked either.
-            outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
-            self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, finish)
-            reduced = time.perf_counter()
         else:
             outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
-            # Compressed, the division waits for the cast back, as it would without compression.
-            self.algorithms.allreduce(source, op, finish=finish if uncompressed else None)
-            reduced = time.perf_counter()
-            for index, output in enumerate(outputs):
-                _copy_scaled(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output, 1.0)
-                if not uncompressed:
-                    ops.finish(output.reshape(-1), op, self.size, message.postscale)
+            if where_they_lie:
+                # ... and writes each result where it goes (the gradients of a training step, reduced
+                # in place): nothing is unpacked either.
+                self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, finish)
+                reduced = time.perf_counter()
+            else:
+                # Compressed, the division waits for the cast back, as it would without compression.
+                self.algorithms.allreduce(source, op, finish=finish if uncompressed else None)
+                reduced = time.perf_counter()
+                for index, output in enumerate(outputs):
+                    _copy_scaled(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output, 1.0)
+                    if not uncompressed:
+                        ops.finish(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -110,11 +110,10 @@ class Executor:
         return outputs
 
     def _reads_where_they_lie(self, requests, message, wire, count, new_results):
-        """Can the algorithm read every input where it lies, and write the results there too unless
-        they are all new? Uncompressed, unscaled, contiguous inputs on the shared-memory path; and
-        results written into the inputs must not land where another request still reads."""
-        return (wire == np.dtype(message.dtype) and message.prescale == 1.0
-                and self.algorithms.reads_concatenation(count * wire.itemsize)
+        """Can the algorithm read every (uncompressed) input where it lies, and write the results
+        there too unless they are all new? Unscaled, contiguous inputs on the shared-memory path;
+        and results written into the inputs must not land where another request still reads."""
+        return (message.prescale == 1.0 and self.algorithms.reads_concatenation(count * wire.itemsize)
                 and all(r is None or _readable_as(r.input, wire) for r in requests)
                 and (new_results or disjoint([r.input for r in requests if r is not None])))
 
