@@ -143,8 +143,9 @@ class Executor:
         return result
 
     def _broadcast(self, response, request):
-        """Into the request's output (C-contiguous), from the root's input where it has one."""
-        source = None if request.input is None else np.ascontiguousarray(request.input).reshape(-1)
+        """Into the request's output (C-contiguous), from the root's input where it has one: read
+        where it lies when contiguous, else copied into the output first (one copy, not two)."""
+        source = None if request.input is None else _contribution(request.input, request.output, 1.0)
         self.algorithms.broadcast(request.output.reshape(-1), response.message.root, source)
         return request.output
 
