@@ -31,12 +31,12 @@ from gloo import start_gloo
 from mpi4py import MPI
 
 import ringreduce as rr
-from ringreduce import topology
-from ringreduce.algorithms import RingAlgorithms
+from ringreduce.algorithms.ring import RingFamily
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.config import Config
-from ringreduce.shared_memory import Segment
-from ringreduce.transports import MPITransport
+from ringreduce.machine import topology
+from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.transport import MPITransport
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -102,7 +102,7 @@ def algorithm_families(comm):
     never meet the engine's traffic): the ring, and shared memory when every rank is on one host."""
     config = Config.from_env({})
     place, host_comm, _ = topology.discover(comm)
-    families = {"ring": RingAlgorithms(MPITransport(comm), config.pipeline_chunk_bytes)}
+    families = {"ring": RingFamily(MPITransport(comm), config.pipeline_chunk_bytes)}
     if place.hosts == 1 and place.size > 1:
         families["shm"] = SharedMemory(Segment(host_comm, place.local_size * config.shared_memory_piece_bytes))
     return families

@@ -21,7 +21,8 @@ import cupy
 import numpy as np
 
 import ringreduce as rr
-from ringreduce import gpu, runtime
+from ringreduce import runtime
+from ringreduce.machine import gpu
 
 BUS = lambda n: 2 * (n - 1) / n if n > 1 else 1.0  # noqa: E731  nccl-tests' allreduce bus factor
 

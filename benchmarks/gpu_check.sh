@@ -34,7 +34,7 @@ PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$
 export PATH
 nvidia-smi -L || true
 timeout "$(limit 60)" rrun --check-build
-"$PYTHON" -c 'import sys; from ringreduce import gpu; why = gpu.unavailable_reason(); why and sys.exit(why)' \
+"$PYTHON" -c 'import sys; from ringreduce.machine import gpu; why = gpu.unavailable_reason(); why and sys.exit(why)' \
   || { echo "no usable GPU: this check would prove nothing here"; exit 3; }
 
 echo "== GPU tests"

@@ -26,10 +26,10 @@ def report(mpiexec_name=None):
 
 
 def _gpu_lines():
-    """ringreduce.gpu's own report, from a child process: CuPy and MPI are loaded there (MPI as a
+    """ringreduce.machine.gpu's own report, from a child process: CuPy and MPI are loaded there (MPI as a
     single process, to ask it about device buffers), never in rrun itself."""
     try:
-        done = subprocess.run([sys.executable, "-m", "ringreduce.gpu"], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "ringreduce.machine.gpu"], capture_output=True, text=True,
                               timeout=GPU_CHECK_SECONDS)
     except subprocess.TimeoutExpired:
         return [f"    [ ] could not be checked: no answer in {GPU_CHECK_SECONDS} s"]

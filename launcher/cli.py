@@ -80,7 +80,8 @@ def _knob_name(flag):
               help="mpiexec to use [default: from PATH, or RRUN_MPIEXEC].")
 @click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
               help="Set or forward an environment variable on every rank (repeatable).")
-@click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it.")
+@click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it, and mpiexec's own "
+              "cleanup banners after a rank failed (hidden once rrun has named the rank).")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
 @click.option("--skip-host-check", is_flag=True,
@@ -125,7 +126,7 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
             click.echo(shlex.join(masked(argv)), err=not dry_run)
         if dry_run:
             return
-        supervisor = Supervisor(argv)
+        supervisor = Supervisor(argv, verbose)
         status = supervisor.run()
         if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
             sys.exit(status)

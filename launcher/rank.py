@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from ringreduce.launched import STATUS_PREFIX, WORLD_SIZE_VARIABLE, status_line
+from ringreduce.launcher.protocol import STATUS_PREFIX, WORLD_SIZE_VARIABLE, status_line
 
 # Where each MPI and Slurm put the rank of the process they start.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")

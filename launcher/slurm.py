@@ -1,7 +1,9 @@
-"""Reading a Slurm allocation: how many tasks, on which nodes."""
+"""Reading a Slurm allocation: how many tasks, on which nodes. A value rrun cannot read is a
+LaunchError that names the variable and the part it could not read."""
 
 import re
 
+from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.hosts import Host
 
 
@@ -14,15 +16,18 @@ def allocation(environ):
     names = expand_nodelist(nodelist)
     counts = expand_tasks_per_node(tasks)
     if len(counts) != len(names):
-        return None
+        raise LaunchError(f"the Slurm allocation names {len(names)} nodes (SLURM_JOB_NODELIST={nodelist!r}) but "
+                          f"{len(counts)} task counts (SLURM_TASKS_PER_NODE={tasks!r})")
     return [Host(name, count) for name, count in zip(names, counts, strict=True)]
 
 
 def expand_nodelist(text):
     """`node[01-03,07],gpu1` -> [node01, node02, node03, node07, gpu1] (several [] per name too)."""
+    if text.count("[") != text.count("]"):
+        raise LaunchError(f"cannot read the Slurm node list {text!r}: its brackets do not pair up")
     names = []
     for item in _split_top_level(text):
-        names.extend(_expand(item))
+        names.extend(_expand(item, text))
     return names
 
 
@@ -32,7 +37,7 @@ def expand_tasks_per_node(text):
     for item in text.split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
         if not match:
-            raise ValueError(f"cannot read SLURM_TASKS_PER_NODE item {item!r}")
+            raise LaunchError(f"cannot read SLURM_TASKS_PER_NODE {text!r}: {item!r} is not N or N(xM)")
         counts.extend([int(match[1])] * int(match[2] or 1))
     return counts
 
@@ -48,7 +53,7 @@ def _split_top_level(text):
     return [item for item in items if item]
 
 
-def _expand(item):
+def _expand(item, text):
     match = re.search(r"\[([^\]]*)\]", item)
     if not match:
         return [item]
@@ -56,7 +61,9 @@ def _expand(item):
     names = []
     for part in match[1].split(","):
         low, _, high = part.partition("-")
+        if not re.fullmatch(r"\d+", low) or not re.fullmatch(r"\d*", high):
+            raise LaunchError(f"cannot read the Slurm node list {text!r}: {part!r} is not a number or a range N-M")
         width = len(low)
         for number in range(int(low), int(high or low) + 1):
-            names.extend(_expand(f"{head}{number:0{width}d}{tail}"))
+            names.extend(_expand(f"{head}{number:0{width}d}{tail}", text))
     return names

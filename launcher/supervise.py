@@ -1,5 +1,6 @@
 """Running mpiexec: relaying the ranks' output, stopping the whole job when one rank fails
-or rrun is interrupted, leaving no process behind, and saying which rank failed first."""
+or rrun is interrupted, leaving no process behind, and saying which rank failed first (after
+which mpiexec's own cleanup banners are not shown, unless asked for with --verbose)."""
 
 import signal
 import subprocess
@@ -8,15 +9,18 @@ import threading
 
 import psutil
 
-from ringreduce.launched import parse_status
+from ringreduce.launcher.banners import BannerFilter
+from ringreduce.launcher.protocol import parse_status
 
 GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.1
 
 
 class Supervisor:
-    def __init__(self, argv):
+    def __init__(self, argv, verbose=False):
         self.argv = argv
+        self.verbose = verbose
+        self._banners = {}  # sink -> BannerFilter of mpiexec's own lines to it
         self.reports = []
         self.interrupted_by = None
         self._stop = threading.Event()
@@ -55,6 +59,7 @@ class Supervisor:
         self._stop.set()
 
     def _relay(self, source, sink):
+        banners = self._banners[sink] = BannerFilter()
         for line in iter(source.readline, b""):
             report = parse_status(line)
             if report is not None:
@@ -64,8 +69,9 @@ class Supervisor:
                 # A last line cut short; Open MPI's launcher ends with a lone NUL byte.
                 line = line.rstrip(b"\x00")
                 line = line + b"\n" if line else line
-            sink.write(line)
-            sink.flush()
+            # The ranks' lines carry their rank ("[3]<stdout>:"); the others are mpiexec's own.
+            _write(sink, [line] if line.startswith(b"[") else banners.feed(line))
+        _write(sink, banners.flush())
 
     def _take_report(self, report):
         with self._lock:
@@ -110,13 +116,28 @@ class Supervisor:
             first = min(failures + leaving, key=lambda r: r["time"])
             if leaving and "PeerExitedError" in (first["last_error"] or ""):
                 first = min(leaving, key=lambda r: r["time"])
+            self._show_banners()
             _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
             code = first["code"] or 1
             return code if code > 0 else 128 - code
+        self._show_banners(always=True)
         if self.process.returncode != 0:
             _say(f"mpiexec exited with status {self.process.returncode}")
             return self.process.returncode if self.process.returncode > 0 else 1
         return 0
+
+
+    def _show_banners(self, always=False):
+        """mpiexec's cleanup banners: shown where rrun names no failed rank, or with --verbose."""
+        if always or self.verbose:
+            for sink, banners in self._banners.items():
+                _write(sink, banners.held)
+
+
+def _write(sink, lines):
+    if lines:
+        sink.writelines(lines)
+        sink.flush()
 
 
 def _still_running(process):

@@ -4,14 +4,18 @@
     rr.init()
     total = rr.allreduce(array, op=rr.Sum)
 
-The public names load on first use: importing mpi4py.MPI starts MPI, and rrun and its
-per-rank wrapper import this package without becoming MPI processes themselves.
+The public names are listed here, once. Those of modules that start MPI load on first use:
+importing mpi4py.MPI starts MPI, and rrun and its per-rank wrapper import this package
+without becoming MPI processes themselves.
 """
 
 import importlib
 
-from ringreduce.compression import Compression
-from ringreduce.errors import (
+# Re-exported: _EAGER below lists them.
+from ringreduce.compression import Compression  # noqa: F401
+from ringreduce.errors import (  # noqa: F401
+    CorruptCheckpointError,
+    GpuError,
     MismatchError,
     NotInitializedError,
     PeerExitedError,
@@ -19,30 +23,39 @@ from ringreduce.errors import (
     StallError,
     UnsupportedDtypeError,
 )
-from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum
+from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ringreduce.runtime": ("init", "shutdown", "is_initialized", "engine_stats", "straggler_report"),
-    "ringreduce.collectives": (
-        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
-        "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
-        "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-        "reducescatter_async", "barrier", "join", "poll", "synchronize",
-    ),
-    "ringreduce.objects": ("broadcast_object", "allgather_object"),
-    "ringreduce.topology_api": (
-        "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    ),
-}
-_HOME = {name: module for module, names in _LAZY.items() for name in names}
-
-__all__ = sorted(_HOME) + [
-    "Compression", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
+_EAGER = (
+    "Compression", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "GpuError",
     "MismatchError", "NotInitializedError", "PeerExitedError", "RingReduceError", "StallError",
     "UnsupportedDtypeError",
-]
+)
+# module -> the public names it defines that take no arrays.
+_LAZY_WITHOUT_ARRAYS = {
+    "ringreduce.runtime": (
+        "init", "shutdown", "is_initialized", "engine_stats", "straggler_report",
+        "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    ),
+    "ringreduce.collectives": ("barrier", "join", "poll", "synchronize"),
+    "ringreduce.objects": ("broadcast_object", "allgather_object"),
+}
+# The collectives on arrays: each framework binding has its own, on its tensors.
+_ARRAY_CALLS = (
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
+    "reducescatter_async",
+)
+_HOME = {name: module for module, names in _LAZY_WITHOUT_ARRAYS.items() for name in names}
+_HOME.update(dict.fromkeys(_ARRAY_CALLS, "ringreduce.collectives"))
+
+# What every framework binding re-exports as it is (as Horovod's bindings do): the API that
+# takes no arrays.
+WITHOUT_ARRAYS = _EAGER + tuple(name for names in _LAZY_WITHOUT_ARRAYS.values() for name in names)
+
+__all__ = sorted(_EAGER + tuple(_HOME))
 
 
 def __getattr__(name):

@@ -17,15 +17,12 @@ import sys
 import tempfile
 
 from ringreduce import runtime
+from ringreduce.errors import CorruptCheckpointError
 from ringreduce.objects import broadcast_object
 
 MAGIC = b"ringreduce checkpoint 1\n"
 _HEADER = struct.Struct("<Q32s")  # payload length, SHA-256 of the payload
 _NAME = re.compile(r"^checkpoint-(\d+)\.rr$")
-
-
-class CorruptCheckpoint(Exception):
-    pass
 
 
 def path_for(directory, step):
@@ -68,26 +65,26 @@ def load_latest(directory, root_rank=0):
             try:
                 found = (step, read(path))
                 break
-            except CorruptCheckpoint as problem:
+            except CorruptCheckpointError as problem:
                 print(f"ringreduce: skipping checkpoint {path}: {problem}", file=sys.stderr, flush=True)
     return broadcast_object(found, root_rank=root_rank, name=f"checkpoint.load.{directory}")
 
 
 def read(path):
-    """The state in one checkpoint file; CorruptCheckpoint if it is not whole."""
+    """The state in one checkpoint file; CorruptCheckpointError if it is not whole."""
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(MAGIC):
-        raise CorruptCheckpoint("not a ringreduce checkpoint (bad header)")
+        raise CorruptCheckpointError("not a ringreduce checkpoint (bad header)")
     header_end = len(MAGIC) + _HEADER.size
     if len(data) < header_end:
-        raise CorruptCheckpoint("truncated inside its header")
+        raise CorruptCheckpointError("truncated inside its header")
     length, digest = _HEADER.unpack(data[len(MAGIC):header_end])
     payload = data[header_end:]
     if len(payload) != length:
-        raise CorruptCheckpoint(f"truncated: {len(payload)} of {length} bytes")
+        raise CorruptCheckpointError(f"truncated: {len(payload)} of {length} bytes")
     if hashlib.sha256(payload).digest() != digest:
-        raise CorruptCheckpoint("its contents do not match their checksum")
+        raise CorruptCheckpointError("its contents do not match their checksum")
     return pickle.loads(payload)
 
 

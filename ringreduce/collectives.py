@@ -11,12 +11,13 @@ import threading
 
 import numpy as np
 
-from ringreduce import arrays, gpu, ops, runtime
+from ringreduce import arrays, ops, runtime
 from ringreduce import compression as compressions
-from ringreduce.agreement import Message
 from ringreduce.compression import Compression
+from ringreduce.engine.agreement import Message
+from ringreduce.engine.requests import Handle, Request
+from ringreduce.machine import backends, gpu
 from ringreduce.ops import Average
-from ringreduce.requests import Handle, Request
 
 
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -193,7 +194,7 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
 
 def _about(array, **fields):
     """The Message fields that describe a call's array, which every rank's must match."""
-    return dict(dtype=arrays.DTYPE_NAMES[array.dtype], shape=array.shape, device=arrays.device_of(array), **fields)
+    return dict(dtype=arrays.DTYPE_NAMES[array.dtype], shape=array.shape, device=backends.device_of(array), **fields)
 
 
 def _gathered(array):
@@ -210,10 +211,10 @@ def _broadcast(tensor, root_rank, in_place):
     fields = _about(array, root=int(root_rank))
     if in_place:
         return fields, dict(output=array)
-    if topology.rank == root_rank and arrays.on_device(array):
-        return fields, dict(output=arrays.device_copy(array))
+    if topology.rank == root_rank and backends.on_device(array):
+        return fields, dict(output=backends.device_copy(array))
     # The root's values go out from its input, and into its new array on the way.
-    return fields, dict(input=array if topology.rank == root_rank else None, output=arrays.new_like(array))
+    return fields, dict(input=array if topology.rank == root_rank else None, output=backends.new_like(array))
 
 
 def _alltoall(tensor, splits):

@@ -1,7 +1,8 @@
-"""The exceptions a ringreduce user can catch.
+"""The exceptions a ringreduce user can catch, and how their messages name ranks.
 
 Every error that depends on what several ranks did is raised on every rank with the same
-message, so a job never hangs with one rank waiting for a partner that has given up.
+message, so a job never hangs with one rank waiting for a partner that has given up. Bad
+arguments raise what Python users expect (TypeError, ValueError), as Horovod's calls do.
 """
 
 
@@ -27,3 +28,16 @@ class UnsupportedDtypeError(RingReduceError, TypeError):
 
 class StallError(RingReduceError):
     """Ranks waited past RINGREDUCE_STALL_SHUTDOWN_TIME for requests that others never submitted."""
+
+
+class GpuError(RingReduceError):
+    """A GPU array reached ringreduce where no GPU can be used, or no agreed transport exists."""
+
+
+class CorruptCheckpointError(RingReduceError):
+    """A checkpoint file is not whole (truncated, or its contents do not match their checksum)."""
+
+
+def ranks_text(ranks):
+    """'rank 3' or 'ranks 0, 2': how every message names the ranks involved."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

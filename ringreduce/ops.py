@@ -64,13 +64,17 @@ def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
             raise UnsupportedDtypeError("bool arrays cannot be scaled")
 
 
-def scale(array, factor):
-    """Multiply in place; integer results are truncated toward zero, as a C cast does."""
+def scale(source, factor, out=None):
+    """out = source * factor in out's dtype (in place without `out`): the cast to and from a
+    compressed wire dtype happens here too. Integer results are truncated toward zero, as a C
+    cast does."""
     if factor != 1.0:
-        np.multiply(array, factor, out=array, casting="unsafe")
+        np.multiply(source, factor, out=source if out is None else out, casting="unsafe")
+    elif out is not None and out is not source:
+        np.copyto(out, source, casting="unsafe")
 
 
-def finish(array, op, size, postscale_factor=1.0):
+def scale_result(array, op, size, postscale_factor=1.0):
     """Turn a reduced sum into the op's result in place: Average divides by the world size.
 
     Integer averages are floored (numpy's //), which stays exact for every int64.

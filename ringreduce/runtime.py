@@ -1,5 +1,6 @@
-"""This process's ringreduce state: init and shutdown, the engine, and the hooks that make a
-failing rank end the whole job instead of leaving the others waiting.
+"""This process's ringreduce state: init and shutdown, where the process sits (rank(), size()
+and the rest), the engine, and the hooks that make a failing rank end the whole job instead of
+leaving the others waiting.
 """
 
 import atexit
@@ -11,12 +12,15 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import algorithms, gpu, launched, topology
+from ringreduce.algorithms import choice
 from ringreduce.config import Config
-from ringreduce.engine import Engine
+from ringreduce.engine.loop import Engine
+from ringreduce.engine.requests import Handle
+from ringreduce.engine.timeline import NoTimeline, Timeline
+from ringreduce.engine.wire import Wire
 from ringreduce.errors import NotInitializedError, RingReduceError
-from ringreduce.requests import Handle
-from ringreduce.timeline import NoTimeline, Timeline
+from ringreduce.launcher import protocol
+from ringreduce.machine import gpu, topology
 
 _active = None
 _hooks_installed = False
@@ -27,17 +31,28 @@ class Runtime:
         self.config = config
         engine_comm = comm.Dup()
         self.topology, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
-        chosen = algorithms.select(config, self.topology, engine_comm, host_comm, cross_comm)
+        selector = choice.select(config, self.topology, engine_comm, host_comm, cross_comm)
         gpu.select_device(self.topology.local_rank)
         shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
         self.gpu_transport = gpu.choose_transport(config.gpu_transport, shared_bits)
-        device_family = algorithms.device_family(self.gpu_transport, chosen, engine_comm, config)
+        device_family = choice.device_family(self.gpu_transport, selector, engine_comm, config)
         timeline = Timeline(config.timeline, self.topology.rank) if config.timeline and \
             self.topology.rank == 0 else NoTimeline()
-        self.engine = Engine(engine_comm, chosen, config, timeline, [host_comm, cross_comm], device_family)
+
+        def release():
+            for communicator in (host_comm, cross_comm, engine_comm):
+                communicator.Free()
+
+        self.engine = Engine(Wire(engine_comm, config.cache_capacity), selector, config, timeline, device_family,
+                             release, self._tell_rrun_leaving if protocol.under_rrun() else None)
         self.failing = False
         self._names = 0
         self._names_lock = threading.Lock()
+
+    def _tell_rrun_leaving(self, why):
+        """This rank is leaving while others wait for it: no failure by itself, but to blame if
+        the others then fail."""
+        _tell_rrun(protocol.status_line(self.topology.rank, 0, left=why))
 
     def auto_name(self):
         """Names for unnamed calls: the same on every rank that makes its calls in the same order."""
@@ -80,6 +95,30 @@ def is_initialized():
     return _active is not None
 
 
+def rank():
+    return active().topology.rank
+
+
+def size():
+    return active().topology.size
+
+
+def local_rank():
+    return active().topology.local_rank
+
+
+def local_size():
+    return active().topology.local_size
+
+
+def cross_rank():
+    return active().topology.cross_rank
+
+
+def cross_size():
+    return active().topology.cross_size
+
+
 def active():
     if _active is None:
         raise NotInitializedError("ringreduce has not been initialized; call ringreduce.init() first")
@@ -90,7 +129,7 @@ def engine_stats():
     """Counters of the engine's work so far: cycles, collectives, tensors and bytes, cache hits,
     and the cycles whose negotiation needed every rank's full state (state_gathers)."""
     engine = active().engine
-    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits, "state_gathers": engine.states.gathers}
+    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits, "state_gathers": engine.wire.gathers}
 
 
 def straggler_report():
@@ -114,7 +153,7 @@ def straggler_table(rows, cycles):
 def _check_launch(comm):
     """Catch the classic mix-up of an mpiexec from one MPI and an mpi4py built on another:
     each process then starts as a world of its own."""
-    expected = os.environ.get(launched.WORLD_SIZE_VARIABLE)
+    expected = os.environ.get(protocol.WORLD_SIZE_VARIABLE)
     if comm != MPI.COMM_WORLD or expected is None or int(expected) == comm.size:
         return
     library = MPI.Get_library_version().splitlines()[0].strip()
@@ -153,14 +192,18 @@ def _install_hooks():
             return
         _active.failing = True
         code = 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
-        if launched.under_rrun():
+        if protocol.under_rrun():
             error = f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins.")
-            sys.stderr.buffer.write(launched.status_line(_active.topology.rank, code, error))
-            sys.stderr.flush()
+            _tell_rrun(protocol.status_line(_active.topology.rank, code, error))
         set_abort_status(code)
 
     sys.excepthook = abort_job_on_uncaught
     atexit.register(_shutdown_at_exit)
+
+
+def _tell_rrun(line):
+    sys.stderr.buffer.write(line)
+    sys.stderr.flush()
 
 
 def _shutdown_at_exit():

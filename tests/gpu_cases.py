@@ -3,7 +3,7 @@ real GPU (test_gpu.py) and on the emulated CuPy (test_gpu_emulated.py)."""
 
 import numpy as np
 
-from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.machine.layout import even_counts, offsets_of
 
 import cases
 

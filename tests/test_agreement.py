@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ringreduce import ops
-from ringreduce.agreement import Message, disagreement
+from ringreduce.engine.agreement import Message, disagreement
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
 
 
@@ -66,7 +66,7 @@ def test_problems_keep_their_type_and_group_ranks():
 ])
 def test_finish_turns_sums_into_results(dtype, op, expected):
     array = np.array([-7, 7], dtype=dtype)
-    ops.finish(array, op, 2)
+    ops.scale_result(array, op, 2)
     np.testing.assert_array_equal(array, np.array(expected, dtype=dtype))
 
 

@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 from threads import QueueTransport, ThreadSegment, data, run_ranks, shared_host
 
-from ringreduce.algorithms import SMALL_BYTES, pairwise, plan, ring, tree
+from ringreduce.algorithms import pairwise, ring, tree
+from ringreduce.algorithms.choice import SMALL_BYTES, plan
 from ringreduce.algorithms.shared import SharedMemory
-from ringreduce.arrays import Concatenation, disjoint
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
+from ringreduce.machine import layout
+from ringreduce.machine.layout import Concatenation, disjoint
+from ringreduce.machine.topology import Topology
 from ringreduce.ops import ReduceOp
-from ringreduce.topology import Topology
 
 SIZES = range(1, 9)
 
@@ -73,7 +75,7 @@ def test_shared_memory_allreduce_finishes_each_slice_once_before_passing_it_on(s
 @pytest.mark.parametrize("size", SIZES)
 def test_ring_reduce_scatter_with_uneven_and_empty_segments(size):
     counts = [(3 * r) % 4 for r in range(size)]  # includes empty segments
-    offsets = ring.offsets_of(counts)
+    offsets = layout.offsets_of(counts)
 
     def work(t):
         buf = data(t.rank, offsets[-1])
@@ -88,7 +90,7 @@ def test_ring_reduce_scatter_with_uneven_and_empty_segments(size):
 @pytest.mark.parametrize("size", SIZES)
 def test_ring_allgather_ragged(size):
     counts = [r % 3 for r in range(size)]
-    offsets = ring.offsets_of(counts)
+    offsets = layout.offsets_of(counts)
 
     def work(t):
         buf = np.zeros(offsets[-1], np.int64)
@@ -122,7 +124,7 @@ def test_pairwise_alltoallv(size):
         send = data(t.rank, sum(splits[t.rank]))
         received = [splits[s][t.rank] for s in range(size)]
         recv = np.empty(sum(received), np.int64)
-        pairwise.alltoallv(t, send, ring.offsets_of(splits[t.rank]), recv, ring.offsets_of(received))
+        pairwise.alltoallv(t, send, layout.offsets_of(splits[t.rank]), recv, layout.offsets_of(received))
         return recv
 
     for rank, got in enumerate(run_ranks(size, work)):
@@ -131,9 +133,9 @@ def test_pairwise_alltoallv(size):
 
 
 def test_even_counts():
-    assert ring.even_counts(7, 3) == [3, 2, 2]
-    assert ring.even_counts(2, 4) == [1, 1, 0, 0]
-    assert ring.offsets_of([3, 0, 2]) == [0, 3, 3, 5]
+    assert layout.even_counts(7, 3) == [3, 2, 2]
+    assert layout.even_counts(2, 4) == [1, 1, 0, 0]
+    assert layout.offsets_of([3, 0, 2]) == [0, 3, 3, 5]
 
 
 # The shared-memory algorithms, with pieces far smaller than the arrays so that every boundary
@@ -214,7 +216,7 @@ def test_concatenation_spans_are_views_that_cover_the_range_exactly():
 @pytest.mark.parametrize("size", SIZES)
 def test_shared_memory_reducescatter_with_uneven_and_empty_segments(size):
     counts = [(3 * r) % 4 for r in range(size)]
-    offsets = ring.offsets_of(counts)
+    offsets = layout.offsets_of(counts)
     host = shared_host(size, 16)
 
     def work(segment):
@@ -228,7 +230,7 @@ def test_shared_memory_reducescatter_with_uneven_and_empty_segments(size):
 @pytest.mark.parametrize("size", SIZES)
 def test_shared_memory_allgather_ragged_and_broadcast_from_every_root(size):
     counts = [r % 3 + 2 * (r == 1) for r in range(size)]
-    offsets = ring.offsets_of(counts)
+    offsets = layout.offsets_of(counts)
     host = shared_host(size, 8)  # areas of size * 8 bytes: several windows per call
 
     def work(segment):

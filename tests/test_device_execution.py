@@ -7,13 +7,13 @@ import pytest
 from device_standins import HostStandIn, LoggedRing, NumpyAsCupy, no_device
 from threads import data, run_ranks
 
-from ringreduce.agreement import Message
 from ringreduce.algorithms.device import Staged
-from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.device_execution import DeviceExecutor
-from ringreduce.negotiation import Response
+from ringreduce.engine.agreement import Message
+from ringreduce.engine.negotiation import Response
+from ringreduce.engine.requests import Handle, Request
+from ringreduce.execution.device import DeviceExecutor
+from ringreduce.machine.layout import even_counts, offsets_of
 from ringreduce.ops import ReduceOp
-from ringreduce.requests import Handle, Request
 
 
 def executor(transport):

@@ -80,6 +80,7 @@ def test_a_broken_engine_fails_every_call_and_still_shuts_down(thread):
         lines = job.lines_of(rank)
         cause = f"the ringreduce engine on rank {rank} failed: RuntimeError('injected fault')"
         assert f"caught: {cause}" in lines and f"later: {cause}" in lines and "shut down" in lines, lines
+        assert "chained: RuntimeError('injected fault')" in lines, lines
     assert "Exception ignored" not in job.stderr and "AttributeError" not in job.stderr, job.stderr[-3000:]
 
 
@@ -112,3 +113,13 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_job_ends_fast(mode, sign
     assert job.returncode == 128 + signum
     assert job.last_line.startswith("rrun: rank 1 (on ")
     assert f"killed by signal {int(signum)} ({signal.Signals(signum).name})" in job.last_line
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_mpiexecs_cleanup_banner_shows_only_with_verbose_once_the_rank_is_named(verbose):
+    """MPICH's Hydra prints a banner with rrun's own SIGTERM as the exit code after rank 1 was
+    killed; rrun's line, which names the rank and its signal, is what the user reads last."""
+    job = run_job(2, "misbehave.py", "sigkill", rrun_args=("--verbose",) if verbose else (), timeout=60)
+    assert job.returncode == 128 + signal.SIGKILL
+    assert job.last_line.startswith("rrun: rank 1 (on ") and "killed by signal 9 (SIGKILL)" in job.last_line
+    assert ("BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES" in job.stdout + job.stderr) == verbose

@@ -6,7 +6,7 @@ import gpu_cases
 import numpy as np
 import pytest
 
-from ringreduce import gpu
+from ringreduce.machine import gpu
 
 from launch import run_job
 

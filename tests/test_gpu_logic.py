@@ -10,9 +10,9 @@ import pytest
 from device_standins import HostStandIn, LoggedRing
 from threads import data, run_ranks
 
-from ringreduce import gpu
 from ringreduce.algorithms.device import Staged
-from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.machine import gpu
+from ringreduce.machine.layout import even_counts, offsets_of
 from ringreduce.ops import ReduceOp
 
 
@@ -65,7 +65,7 @@ def test_cuda_aware_mpi_is_asked_of_the_library_and_can_be_forced(monkeypatch):
 
 
 def test_the_gpu_report_runs_without_a_gpu():
-    done = subprocess.run([sys.executable, "-m", "ringreduce.gpu"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "ringreduce.machine.gpu"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     if gpu.cupy_or_none() is None:
         assert done.stdout.startswith("    [ ] GPU arrays: CuPy ")

@@ -65,6 +65,20 @@ def test_an_unreachable_host_is_named_before_mpi_starts():
                               "127.0.0.2 port 22: Connection refused)"), message
 
 
+@pytest.mark.parametrize("variables, message", [
+    ({"SLURM_JOB_NODELIST": "node[01-"},
+     "Error: cannot read the Slurm node list 'node[01-': its brackets do not pair up"),
+    ({"SLURM_JOB_NODELIST": "node[a-c]"},
+     "Error: cannot read the Slurm node list 'node[a-c]': 'a-c' is not a number or a range N-M"),
+    ({"SLURM_TASKS_PER_NODE": "2(x)"}, "Error: cannot read SLURM_TASKS_PER_NODE '2(x)': '2(x)' is not N or N(xM)"),
+    ({"SLURM_TASKS_PER_NODE": "2(x3)"}, "Error: the Slurm allocation names 2 nodes (SLURM_JOB_NODELIST='node[1-2]') "
+                                        "but 3 task counts (SLURM_TASKS_PER_NODE='2(x3)')"),
+])
+def test_a_malformed_slurm_allocation_is_named(variables, message):
+    allocation = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert one_line_error(rrun(sys.executable, "-c", "pass", env={**allocation, **variables})) == message
+
+
 def test_malformed_hostfile_line_is_named(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# cluster\nnode1 slots=2\nnode2 slots=two\n")

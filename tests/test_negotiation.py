@@ -2,10 +2,11 @@
 
 import pytest
 
-from ringreduce import fusion
-from ringreduce.agreement import Message
+from ringreduce.engine import fusion
+from ringreduce.engine.agreement import Message
+from ringreduce.engine.negotiation import Negotiator
+from ringreduce.engine.wire import JOINED, SHUTTING_DOWN, STALLED, RankState
 from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError
-from ringreduce.negotiation import JOINED, SHUTTING_DOWN, STALLED, Negotiator, RankState
 
 
 def msg(name, shape=(4,), dtype="float32", kind="allreduce", op=0, compression="none", device="cpu"):

@@ -45,6 +45,18 @@ def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, kind, 
             assert any(not torch.equal(got[n], v) for n, v in reference.items())
 
 
+def test_a_users_subclass_of_the_distributed_optimizer_steps_as_it(tmp_path):
+    job = run_job(2, "torch_train.py", "sgd", 1, "none", tmp_path, "subclass", timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    net = torch_cases.model()
+    reference = torch_cases.train(net, torch_cases.optimizer("sgd", net.parameters()), [(0, torch_cases.BATCH)])
+    for rank in range(2):
+        got = load(tmp_path, rank)
+        assert got["steps"].item() == torch_cases.STEPS
+        for name, value in reference.items():
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-5)
+
+
 def test_tensor_collectives(tmp_path):
     job = run_job(2, "torch_misc.py", "collectives", tmp_path, timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]

@@ -7,7 +7,7 @@ tf.function), DistributedGradientTape and broadcast_variables. Keras: ringreduce
     rr.broadcast_variables(model.variables, root_rank=0)
 """
 
-from ringreduce.binding_api import *  # noqa: F403 - the API without tensors, as every binding has it
+import ringreduce
 from ringreduce.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from ringreduce.tensorflow.tensors import (  # noqa: F401
     allgather,
@@ -18,3 +18,5 @@ from ringreduce.tensorflow.tensors import (  # noqa: F401
     reducescatter,
 )
 from ringreduce.tensorflow.variables import broadcast_variables  # noqa: F401
+
+globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)

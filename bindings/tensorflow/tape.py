@@ -4,8 +4,8 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.agreement import ranks_text
 from ringreduce.compression import Compression
+from ringreduce.errors import ranks_text
 
 
 def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients"):
@@ -20,9 +20,8 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
 
     def reduce(*arrays):
         _check_presence(core.allgather(mask, name=f"{name}.present"), labels, name)
-        handles = [core.allreduce_async(array, op, f"{name}.{index}", compression=compression)
-                   for index, array in zip(present, arrays, strict=True)]
-        return [np.asarray(core.synchronize(h)) for h in handles]
+        return [np.asarray(r) for r in core.grouped_allreduce(tensors=list(arrays), op=op, name=name,
+                                                             compression=compression)]
 
     inputs = [dense[i] for i in present]
     if tf.executing_eagerly():

@@ -11,16 +11,15 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce import runtime
 from ringreduce.compression import Compression
 
 
 def allreduce(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0, postscale_factor=1.0):
     """Combine the tensor of every rank element-wise (Average by default); every rank gets the result."""
     op = core.Average if op is None else op
-    return _bridge(lambda array, name: core.allreduce(array, op, name, prescale_factor, postscale_factor,
-                                                      compression),
-                   tensor, name, "allreduce", same_shape=True)
+    return _bridge(lambda array, name: core.allreduce(
+        tensor=array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        compression=compression), tensor, name, "allreduce", same_shape=True)
 
 
 def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
@@ -30,13 +29,13 @@ def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none,
     tensors = [_value(t) for t in tensors]
     if not tensors:
         return []
-    base = name or (runtime.active().auto_name() if tf.executing_eagerly()
-                    else _graph_name(tensors[0], "grouped_allreduce"))
+    # Eagerly the core names an unnamed group; a graph's node needs its name when it is traced.
+    base = name if name or tf.executing_eagerly() else _graph_name(tensors[0], "grouped_allreduce")
 
     def run(*arrays):
-        handles = [core.allreduce_async(a, op, f"{base}.{i}", prescale_factor, postscale_factor, compression)
-                   for i, a in enumerate(arrays)]
-        return [np.asarray(core.synchronize(h)) for h in handles]
+        return [np.asarray(r) for r in core.grouped_allreduce(
+            tensors=list(arrays), op=op, name=base, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, compression=compression)]
 
     if tf.executing_eagerly():
         return [tf.convert_to_tensor(r) for r in run(*[t.numpy() for t in tensors])]
@@ -48,28 +47,28 @@ def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none,
 
 def allgather(tensor, name=None):
     """Concatenate every rank's tensor along the first dimension (which may differ by rank)."""
-    return _bridge(lambda array, name: core.allgather(array, name), tensor, name, "allgather",
+    return _bridge(lambda array, name: core.allgather(tensor=array, name=name), tensor, name, "allgather",
                    same_shape=False, rows_unknown=True)
 
 
 def broadcast(tensor, root_rank, name=None):
     """Every rank gets the root rank's tensor."""
-    return _bridge(lambda array, name: core.broadcast(array, root_rank, name), tensor, name, "broadcast",
-                   same_shape=True)
+    return _bridge(lambda array, name: core.broadcast(tensor=array, root_rank=root_rank, name=name), tensor, name,
+                   "broadcast", same_shape=True)
 
 
 def alltoall(tensor, splits=None, name=None):
     """Send block j of the first dimension to rank j; without `splits` it is divided equally.
     With `splits` the result is (tensor, rows received from each rank), as Horovod."""
     if splits is None:
-        return _bridge(lambda array, name: core.alltoall(array, None, name), tensor, name, "alltoall",
+        return _bridge(lambda array, name: core.alltoall(tensor=array, name=name), tensor, name, "alltoall",
                        same_shape=False, rows_unknown=True)
     tensor = _value(tensor)
     splits = tf.convert_to_tensor(splits, dtype=tf.int64)
     name = name or (None if tf.executing_eagerly() else _graph_name(tensor, "alltoall"))
 
     def run(array, counts):
-        result, received = core.alltoall(array, counts.tolist(), name)
+        result, received = core.alltoall(tensor=array, splits=counts.tolist(), name=name)
         return np.asarray(result), np.asarray(received, dtype=np.int64)
 
     if tf.executing_eagerly():
@@ -84,7 +83,8 @@ def alltoall(tensor, splits=None, name=None):
 def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Combine, then each rank keeps its share of the first dimension (the first ranks one more row)."""
     op = core.Average if op is None else op
-    return _bridge(lambda array, name: core.reducescatter(array, op, name, prescale_factor, postscale_factor),
+    return _bridge(lambda array, name: core.reducescatter(
+        tensor=array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor),
                    tensor, name, "reducescatter", same_shape=False, rows_unknown=True)
 
 

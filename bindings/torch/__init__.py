@@ -6,7 +6,7 @@
     rr.broadcast_parameters(model.state_dict(), root_rank=0)
 """
 
-from ringreduce.binding_api import *  # noqa: F403 - the API without tensors, as every binding has it
+import ringreduce
 from ringreduce.torch import checkpoint  # noqa: F401
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from ringreduce.torch.optimizer import DistributedOptimizer  # noqa: F401
@@ -21,7 +21,7 @@ from ringreduce.torch.tensors import (  # noqa: F401
     broadcast,
     broadcast_,
     grouped_allreduce,
-    poll,
     reducescatter,
-    synchronize,
 )
+
+globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)

@@ -16,11 +16,12 @@ _MASK_NAME = "ringreduce.torch.gradients_present"
 
 
 class _DistributedOptimizer:
-    """The methods mixed into a subclass of the wrapped optimizer's own class."""
+    """The methods mixed in before the wrapped optimizer's own class (zero-argument super() calls
+    reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor):
-        super(self.__class__, self).__init__(params)
+        super().__init__(params)
         self._compression = compression
         self._op = op
         self._passes_per_step = backward_passes_per_step
@@ -70,7 +71,7 @@ class _DistributedOptimizer:
             elif somewhere and parameter not in self._handles:  # fewer passes than per step here
                 self._handles[parameter] = self._allreduce(parameter)
         for handle in self._handles.values():
-            tensors.synchronize(handle)
+            handle.wait()
         self._handles.clear()
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
@@ -90,13 +91,13 @@ class _DistributedOptimizer:
         elif not self._synchronized:
             raise RuntimeError("step() inside skip_synchronize() needs a synchronize() call before it")
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super().step(closure)
 
     def zero_grad(self, set_to_none=True):
         if self._handles:
             raise RuntimeError("zero_grad() was called after backward() but before step() or synchronize(): "
                                "the gradients are still being averaged")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        return super().zero_grad(set_to_none=set_to_none)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
@@ -106,8 +107,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     behave as they do on the original; its state (a loaded checkpoint) comes along."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-    methods = {k: v for k, v in vars(_DistributedOptimizer).items() if k not in ("__dict__", "__weakref__")}
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                       gradient_predivide_factor)
     distributed.load_state_dict(optimizer.state_dict())

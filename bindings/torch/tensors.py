@@ -6,8 +6,8 @@ bfloat16, which numpy lacks, travels as float32 and is converted back.
 
 import ringreduce as core
 import torch
-from ringreduce import gpu, runtime
 from ringreduce.compression import Compression
+from ringreduce.machine import gpu
 
 
 def as_array(tensor):
@@ -36,15 +36,15 @@ def as_tensor(array, like):
 class Handle:
     """A core handle whose result is turned back into a tensor (or written into one)."""
 
-    def __init__(self, handle, finish):
+    def __init__(self, handle, convert):
         self._handle = handle
-        self._finish = finish
+        self._convert = convert
 
     def done(self):
         return self._handle.done()
 
     def wait(self):
-        return self._finish(self._handle.wait())
+        return self._convert(self._handle.wait())
 
 
 def _out_of_place(tensor):
@@ -53,62 +53,64 @@ def _out_of_place(tensor):
 
 def _in_place(tensor, array):
     """The result is already in `tensor`'s memory, unless it went through a float32 copy."""
-    def finish(_):
+    def convert(_):
         if array.dtype.name == "float32" and tensor.dtype == torch.bfloat16:
             tensor.copy_(torch.from_numpy(array) if not tensor.is_cuda else torch.from_dlpack(array))
         return tensor
-    return finish
+    return convert
 
 
 def allreduce_async(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
                     postscale_factor=1.0):
-    handle = core.allreduce_async(as_array(tensor), _op(op), name, prescale_factor, postscale_factor, compression)
+    handle = core.allreduce_async(tensor=as_array(tensor), op=_op(op), name=name, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor, compression=compression)
     return Handle(handle, _out_of_place(tensor))
 
 
 def allreduce_async_(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
                      postscale_factor=1.0):
     array = as_array(tensor)
-    handle = core.allreduce_async_(array, _op(op), name, prescale_factor, postscale_factor, compression)
+    handle = core.allreduce_async_(tensor=array, op=_op(op), name=name, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor, compression=compression)
     return Handle(handle, _in_place(tensor, array))
 
 
 def allreduce(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0, postscale_factor=1.0):
-    return synchronize(allreduce_async(tensor, op, name, compression, prescale_factor, postscale_factor))
+    return allreduce_async(tensor, op, name, compression, prescale_factor, postscale_factor).wait()
 
 
 def allreduce_(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
                postscale_factor=1.0):
-    return synchronize(allreduce_async_(tensor, op, name, compression, prescale_factor, postscale_factor))
+    return allreduce_async_(tensor, op, name, compression, prescale_factor, postscale_factor).wait()
 
 
 def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
                       postscale_factor=1.0):
-    base = name or runtime.active().auto_name()
-    handles = [allreduce_async(t, op, f"{base}.{i}", compression, prescale_factor, postscale_factor)
-               for i, t in enumerate(tensors)]
-    return [synchronize(h) for h in handles]
+    results = core.grouped_allreduce(tensors=[as_array(t) for t in tensors], op=_op(op), name=name,
+                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                     compression=compression)
+    return [as_tensor(result, tensor) for result, tensor in zip(results, tensors, strict=True)]
 
 
 def allgather(tensor, name=None):
-    return as_tensor(core.allgather(as_array(tensor), name), tensor)
+    return as_tensor(core.allgather(tensor=as_array(tensor), name=name), tensor)
 
 
 def broadcast(tensor, root_rank, name=None):
-    return as_tensor(core.broadcast(as_array(tensor), root_rank, name), tensor)
+    return as_tensor(core.broadcast(tensor=as_array(tensor), root_rank=root_rank, name=name), tensor)
 
 
 def broadcast_(tensor, root_rank, name=None):
     array = as_array(tensor)
     if array.flags.c_contiguous and tensor.dtype != torch.bfloat16:
-        core.broadcast_(array, root_rank, name)
+        core.broadcast_(tensor=array, root_rank=root_rank, name=name)
     else:
         tensor.copy_(broadcast(tensor, root_rank, name))
     return tensor
 
 
 def alltoall(tensor, splits=None, name=None):
-    result = core.alltoall(as_array(tensor), None if splits is None else _ints(splits), name)
+    result = core.alltoall(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name)
     if splits is None:
         return as_tensor(result, tensor)
     array, received = result
@@ -116,15 +118,8 @@ def alltoall(tensor, splits=None, name=None):
 
 
 def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return as_tensor(core.reducescatter(as_array(tensor), _op(op), name, prescale_factor, postscale_factor), tensor)
-
-
-def synchronize(handle):
-    return handle.wait()
-
-
-def poll(handle):
-    return handle.done()
+    return as_tensor(core.reducescatter(tensor=as_array(tensor), op=_op(op), name=name, prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor), tensor)
 
 
 def _op(op):

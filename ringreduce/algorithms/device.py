@@ -9,7 +9,7 @@ waits for the stream once, before it hands out results.
 import numpy as np
 
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.arrays import Workspace
+from ringreduce.machine.memory import Workspace
 from ringreduce.ops import ReduceOp
 
 

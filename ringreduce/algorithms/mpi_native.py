@@ -3,8 +3,8 @@ the baseline that RINGREDUCE_ALGORITHM=mpi selects and the benchmarks compare ag
 
 They are started non-blocking and waited with the transport's wait, so a rank waiting in
 one neither spins a core nor misses a partner that has left. Small allreduces, where the call
-itself is what costs, run as repeated allreduces on buffers of their own, one per count, dtype
-and op seen (the last REPEATED_KEPT of them), with the array copied in and out.
+itself is what costs, run as persistent allreduces on buffers of their own, one per count, dtype
+and op seen (the last PERSISTENT_KEPT of them), with the array copied in and out.
 """
 
 import collections
@@ -12,11 +12,11 @@ import collections
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.arrays import new_like
+from ringreduce.machine.backends import new_like
+from ringreduce.machine.transport import PersistentAllreduce
 from ringreduce.ops import ReduceOp
-from ringreduce.transports import RepeatedAllreduce
 
-REPEATED_KEPT = 32
+PERSISTENT_KEPT = 32
 
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
@@ -33,49 +33,51 @@ def _typed(buf):
 
 
 class MPIAlgorithms:
-    def __init__(self, transport, repeat_below=0):
-        """Allreduces of fewer than `repeat_below` bytes of host memory run as repeated ones:
+    reads_concatenation = False
+
+    def __init__(self, transport, persistent_below=0):
+        """Allreduces of fewer than `persistent_below` bytes of host memory run as persistent ones:
         every rank calls these algorithms in the same order, so every rank sets up the same
-        ones at the same call, as a repeated allreduce needs."""
+        ones at the same call, as a persistent allreduce needs."""
         self.comm = transport.comm
         self.wait = transport.wait
-        self.repeat_below = repeat_below
-        self._repeated = collections.OrderedDict()  # (count, dtype, op) -> (RepeatedAllreduce, buffer)
+        self.persistent_below = persistent_below
+        self._persistent = collections.OrderedDict()  # (count, dtype, op) -> (PersistentAllreduce, buffer)
 
-    def allreduce(self, buf, op, source=None, finish=None):
-        repeated = self._repeated_for(_typed(buf), op) if buf.nbytes < self.repeat_below else None
-        if repeated is None:
+    def allreduce(self, buf, op, source=None, scale_result=None):
+        persistent = self._persistent_for(_typed(buf), op) if buf.nbytes < self.persistent_below else None
+        if persistent is None:
             send = MPI.IN_PLACE if source is None else _typed(source)
             self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
         else:
-            run, fixed = repeated
+            run, fixed = persistent
             np.copyto(fixed, _typed(buf if source is None else source))
             run()
             np.copyto(_typed(buf), fixed)
-        if finish is not None:
-            finish(buf)
+        if scale_result is not None:
+            scale_result(buf)
 
-    def _repeated_for(self, buf, op):
-        """The repeated allreduce, and its buffer, for arrays like `buf`; None where the library
+    def _persistent_for(self, buf, op):
+        """The persistent allreduce, and its buffer, for arrays like `buf`; None where the library
         has no persistent collectives (a fresh call on the array itself then saves two copies)."""
         key = (len(buf), buf.dtype.str, op)
-        entry = self._repeated.pop(key, None)
+        entry = self._persistent.pop(key, None)
         if entry is None:
             fixed = np.empty(len(buf), buf.dtype)
-            run = RepeatedAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op])
+            run = PersistentAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op])
             if not run.persistent:
-                self.repeat_below = 0
+                self.persistent_below = 0
                 return None
-            if len(self._repeated) == REPEATED_KEPT:
-                self._repeated.popitem(last=False)[1][0].free()
+            if len(self._persistent) == PERSISTENT_KEPT:
+                self._persistent.popitem(last=False)[1][0].free()
             entry = (run, fixed)
-        self._repeated[key] = entry  # the most recently used last
+        self._persistent[key] = entry  # the most recently used last
         return entry
 
     def close(self):
-        for run, _ in self._repeated.values():
+        for run, _ in self._persistent.values():
             run.free()
-        self._repeated.clear()
+        self._persistent.clear()
 
     def reducescatter(self, buf, offsets, op, source=None):
         counts = np.diff(offsets).tolist()

@@ -5,24 +5,12 @@ time is 2 (n-1)/n of the data over one link, whatever the number of ranks. Segme
 may differ in length (ragged allgather, uneven splits) and may be empty.
 """
 
-import itertools
+import numpy as np
 
-
-def even_counts(total, parts):
-    """`parts` whole numbers that add up to `total` and differ by at most one, larger first."""
-    return [total // parts + (i < total % parts) for i in range(parts)]
-
-
-def offsets_of(counts):
-    """Where each of consecutive segments of these lengths starts, and where the last ends."""
-    return [0, *itertools.accumulate(int(count) for count in counts)]
-
-
-def pieces(array, chunk_elems):
-    """Split a segment into the pieces that are sent as separate messages (at least one)."""
-    if len(array) <= chunk_elems:
-        return [array]
-    return [array[i:i + chunk_elems] for i in range(0, len(array), chunk_elems)]
+from ringreduce import ops
+from ringreduce.algorithms import pairwise, tree
+from ringreduce.machine.layout import even_counts, offsets_of, pieces
+from ringreduce.machine.memory import Workspace
 
 
 def reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems):
@@ -58,14 +46,54 @@ def allgather(transport, buf, offsets):
         )
 
 
-def allreduce(transport, buf, combine, scratch, chunk_elems, finish=None):
-    """`finish`, if given, runs on this rank's fully reduced segment before it is passed on."""
+def allreduce(transport, buf, combine, scratch, chunk_elems, scale_result=None):
+    """`scale_result`, if given, runs on this rank's fully reduced segment before it is passed on."""
     offsets = offsets_of(even_counts(len(buf), transport.size))
     reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems)
-    if finish is not None:
-        finish(_segment(buf, offsets, transport.rank))
+    if scale_result is not None:
+        scale_result(_segment(buf, offsets, transport.rank))
     allgather(transport, buf, offsets)
 
 
 def _segment(buf, offsets, index):
     return buf[offsets[index]:offsets[index + 1]]
+
+
+class RingFamily:
+    """The ring's family: reduce-scatter and allgather on the ring, broadcast down a binomial
+    tree, alltoall by pairwise exchange, over a point-to-point transport."""
+
+    reads_concatenation = False
+
+    def __init__(self, transport, chunk_bytes):
+        self.transport = transport
+        self.workspace = Workspace()
+        self.chunk_bytes = chunk_bytes
+
+    def _chunk(self, buf):
+        return max(1, self.chunk_bytes // buf.dtype.itemsize)
+
+    def allreduce(self, buf, op, source=None, scale_result=None):
+        if source is not None:
+            buf[:] = source
+        scratch = self.workspace.get(len(buf) // self.transport.size + 1, buf.dtype)
+        allreduce(self.transport, buf, ops.ufunc(op), scratch, self._chunk(buf), scale_result)
+
+    def reducescatter(self, buf, offsets, op, source=None):
+        if source is not None:
+            buf[:] = source
+        scratch = self.workspace.get(int(np.max(np.diff(offsets))), buf.dtype)
+        reduce_scatter(self.transport, buf, offsets, ops.ufunc(op), scratch, self._chunk(buf))
+        rank = self.transport.rank
+        return buf[offsets[rank]:offsets[rank + 1]]
+
+    def allgather(self, buf, offsets):
+        allgather(self.transport, buf, offsets)
+
+    def broadcast(self, buf, root, source=None):
+        if source is not None:
+            buf[:] = source
+        tree.broadcast(self.transport, buf, root, self._chunk(buf))
+
+    def alltoallv(self, send, send_offsets, recv, recv_offsets):
+        pairwise.alltoallv(self.transport, send, send_offsets, recv, recv_offsets)

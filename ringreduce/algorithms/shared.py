@@ -1,10 +1,9 @@
 """Collectives among the ranks of one host through their shared segment, and the hierarchical
 allreduce that joins hosts with a ring among the ranks of the same local rank.
 
-Data crosses the segment in pieces that stay in the last-level cache while the other ranks
-read them back: a 64 MiB float32 allreduce at 2 ranks on the 2-core test VM (32 MiB L3) took
-13 ms in 1 MiB pieces, 16 ms in 4 MiB, 19 ms in 256 KiB (barrier overhead) and 21 ms in
-one 64 MiB piece, against MPI's own 45 ms in the same run.
+Data crosses the segment in pieces small enough to stay in the last-level cache while the
+other ranks read them back (RINGREDUCE_SHM_PIECE_BYTES; docs/performance.md has the sizes
+tried): larger pieces fall out of the cache, smaller ones pay more barriers.
 
 Allreduce, per piece: each rank copies the slices the others reduce into its slot, then
 reduces its own slice from every rank's slot (its own contribution read in place) into its
@@ -13,8 +12,7 @@ exactly one rank, so every rank gets the same bits.
 """
 
 from ringreduce import ops
-from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import spans
+from ringreduce.machine.layout import even_counts, offsets_of, spans
 
 
 class SharedMemory:
@@ -24,12 +22,15 @@ class SharedMemory:
     rank on every host (a ring over MPI): it makes `allreduce` hierarchical.
     """
 
+    # Its allreduce reads and writes a fused group's arrays where they lie (layout.Concatenation).
+    reads_concatenation = True
+
     def __init__(self, segment, cross_allreduce=None):
         self.segment = segment
         self.cross_allreduce = cross_allreduce
 
-    def allreduce(self, buf, op, source=None, finish=None):
-        self._reduce(buf, op, 0, len(buf), buf if source is None else source, finish)
+    def allreduce(self, buf, op, source=None, scale_result=None):
+        self._reduce(buf, op, 0, len(buf), buf if source is None else source, scale_result)
 
     def reducescatter(self, buf, offsets, op, source=None):
         """Reduce every rank's `buf` (or `source`); this rank's segment of `buf` holds the result
@@ -65,8 +66,8 @@ class SharedMemory:
             part = buf[start:start + window]
             yield start, part, self.segment.area(buf.dtype, len(part))
 
-    def _reduce(self, buf, op, keep_start, keep_stop, source, finish=None):
-        """Reduce `source` over every rank (and host); write the result, after `finish` if given,
+    def _reduce(self, buf, op, keep_start, keep_stop, source, scale_result=None):
+        """Reduce `source` over every rank (and host); write the result, after `scale_result` if given,
         into `buf` in [keep_start, keep_stop). Either may be an arrays.Concatenation, and they may
         be the same arrays: each piece is read before the barrier that precedes its writes."""
         combine = ops.ufunc(op)
@@ -89,8 +90,8 @@ class SharedMemory:
                                        slots[rank, mine])
             if self.cross_allreduce is not None:
                 self.cross_allreduce(slots[rank, lo:bounds[rank + 1]], op)
-            if finish is not None:
-                finish(slots[rank, lo:bounds[rank + 1]])
+            if scale_result is not None:
+                scale_result(slots[rank, lo:bounds[rank + 1]])
             self.segment.barrier()
             keep_lo, keep_hi = _clip(keep_start, keep_stop, start, length)
             for owner in range(ranks):

@@ -1,7 +1,7 @@
 """Broadcast down a binomial tree rooted at the root rank: log2(n) rounds, and large arrays
 are forwarded piece by piece so that the levels of the tree work at the same time."""
 
-from ringreduce.algorithms.ring import pieces
+from ringreduce.machine.layout import pieces
 
 
 def broadcast(transport, buf, root, chunk_elems):

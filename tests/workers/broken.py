@@ -28,6 +28,7 @@ try:
         rr.synchronize(handle)
 except rr.RingReduceError as error:
     print(f"caught: {error}", flush=True)
+    print(f"chained: {error.__cause__!r}", flush=True)
 try:
     rr.allreduce(np.ones(3), name="later")
 except rr.RingReduceError as error:

@@ -1,4 +1,4 @@
-"""Runs transports.RepeatedAllreduce three times on changing buffers, and three small allreduces
+"""Runs transports.PersistentAllreduce three times on changing buffers, and three small allreduces
 through MPIAlgorithms (which uses repeated ones below `repeat_below`), both on a communicator
 with persistent collectives and on one as an MPI before 4.0 presents it (no Allreduce_init), and
 reports the results. Usage: repeated.py"""
@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from ringreduce.algorithms.mpi_native import MPIAlgorithms  # noqa: E402
+from ringreduce.machine.transport import MPITransport, PersistentAllreduce  # noqa: E402
 from ringreduce.ops import ReduceOp  # noqa: E402
-from ringreduce.transports import MPITransport, RepeatedAllreduce  # noqa: E402
 
 
 class WithoutPersistentCollectives:
@@ -33,14 +33,14 @@ comm = MPI.COMM_WORLD.Dup()
 rank = comm.rank
 for label, on in (("persistent", comm), ("fallback", WithoutPersistentCollectives(comm))):
     send, received = np.empty(5, np.int64), np.empty(5, np.int64)
-    repeated = RepeatedAllreduce(on, send, received, MPI.MAX)
+    repeated = PersistentAllreduce(on, send, received, MPI.MAX)
     results = []
     for round_ in range(3):
         send[:] = np.arange(5) * (rank + 1) + 10 * round_
         repeated()
         results.append(received.tolist())
     repeated.free()
-    algorithms = MPIAlgorithms(MPITransport(on), repeat_below=1 << 10)
+    algorithms = MPIAlgorithms(MPITransport(on), persistent_below=1 << 10)
     sums = []
     for round_ in range(3):
         result = np.empty(7, np.float64)

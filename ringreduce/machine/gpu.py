@@ -10,7 +10,7 @@ device buffers itself (CUDA-aware, asked of the library, never assumed); staging
 host buffers into the host algorithms. Every rank must use the same one, so init combines the
 ranks' capabilities with one bitwise-and.
 
-    python -m ringreduce.gpu     prints what this machine offers (rrun --check-build runs it)
+    python -m ringreduce.machine.gpu     prints what this machine offers (rrun --check-build runs it)
 """
 
 import ctypes
@@ -20,14 +20,10 @@ import importlib.util
 import os
 import sys
 
-from ringreduce.errors import RingReduceError
+from ringreduce.errors import GpuError
 
 NCCL, CUDA_AWARE_MPI = 1, 2
 _NAMES = {NCCL: "NCCL", CUDA_AWARE_MPI: "CUDA-aware MPI"}
-
-
-class GpuError(RingReduceError):
-    """A GPU array reached ringreduce where no GPU can be used, or no agreed transport exists."""
 
 
 @functools.cache

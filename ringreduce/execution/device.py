@@ -16,9 +16,10 @@ import math
 
 import numpy as np
 
-from ringreduce import fusion, ops
-from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import Workspace
+from ringreduce import ops
+from ringreduce.execution.packing import pack
+from ringreduce.machine.layout import even_counts, offsets_of
+from ringreduce.machine.memory import Workspace
 from ringreduce.ops import ReduceOp
 
 # y = x * factor in y's dtype, in one pass (the cast of compression included).
@@ -68,10 +69,10 @@ class DeviceExecutor:
                 self._allreduce_alone(requests[0], outputs[0], op, message)
                 return outputs
             buf = self.fusion_buffer.get(offsets[-1], wire)
-            fusion.pack(buf, offsets, requests, op, lambda array, piece: self._cast(array, piece, message.prescale))
+            pack(buf, offsets, requests, op, lambda array, piece: self._cast(array, piece, message.prescale))
             self.family.allreduce(buf, op)
             for index, output in enumerate(outputs):
-                self._finish(buf[offsets[index]:offsets[index + 1]], output.reshape(-1), op, message.postscale)
+                self._scale_result(buf[offsets[index]:offsets[index + 1]], output.reshape(-1), op, message.postscale)
         return outputs
 
     def _allreduce_alone(self, request, output, op, message):
@@ -82,7 +83,7 @@ class DeviceExecutor:
         elif request is not None:  # in place
             self._cast(flat, flat, message.prescale)
         self.family.allreduce(flat, op, source)
-        self._finish(flat, flat, op, message.postscale)
+        self._scale_result(flat, flat, op, message.postscale)
 
     def allgather(self, response, request):
         message = response.message
@@ -110,7 +111,7 @@ class DeviceExecutor:
             source = self._contribution(request.input, work, message.prescale)
             mine = self.family.reducescatter(work, offsets_of([r * row_size for r in rows]), op, source)
             result = self.cupy.empty((rows[self.rank],) + message.shape[1:], message.dtype)
-            self._finish(mine, result.reshape(-1), op, message.postscale)
+            self._scale_result(mine, result.reshape(-1), op, message.postscale)
         return result
 
     def _output_for(self, request, message, op):
@@ -133,7 +134,7 @@ class DeviceExecutor:
         elif source is not target:
             target[...] = source
 
-    def _finish(self, reduced, output, op, postscale):
+    def _scale_result(self, reduced, output, op, postscale):
         """output = the op's result from the reduced values: for floats the cast back, the average
         and the postscale are one kernel; integers as on the host (a floored average)."""
         if output.dtype.kind == "f":
@@ -141,4 +142,4 @@ class DeviceExecutor:
         else:
             if reduced is not output:
                 output[...] = reduced
-            ops.finish(output, op, self.size, postscale)
+            ops.scale_result(output, op, self.size, postscale)

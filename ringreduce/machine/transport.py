@@ -1,4 +1,4 @@
-"""Point-to-point transfers over MPI, allreduces repeated on fixed buffers, and the one way
+"""Point-to-point transfers over MPI, persistent allreduces on fixed buffers, and the one way
 ringreduce waits for them.
 
 Data moves through mpi4py's buffer interface as raw bytes: no pickling, no typed
@@ -37,12 +37,12 @@ def wait_all(requests):
     wait_until(lambda: MPI.Request.Testall(requests))
 
 
-class RepeatedAllreduce:
+class PersistentAllreduce:
     """An allreduce of the same buffers, count and op, run again at every call: an MPI-4
     persistent collective, set up once, where the library has them (each start skips the argument
-    checks and the schedule that a fresh nonblocking call builds: at 2 ranks a 4 KiB allreduce
-    took 2-4 us against 11-18 us), else a fresh nonblocking call each time. Setting one up is a
-    collective call: every rank must make the same ones in the same order."""
+    checks and the schedule that a fresh nonblocking call builds), else a fresh nonblocking call
+    each time. Setting one up is a collective call: every rank must make the same ones in the
+    same order."""
 
     def __init__(self, comm, sendbuf, recvbuf, op):
         self._fresh = lambda: comm.Iallreduce(sendbuf, recvbuf, op)
@@ -66,7 +66,7 @@ class RepeatedAllreduce:
 
 
 class MPITransport:
-    """sendrecv, send and recv between the ranks of one communicator: all an algorithm needs."""
+    """Point-to-point transfers between the ranks of one communicator: all an algorithm needs."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -84,9 +84,3 @@ class MPITransport:
 
     def sendrecv(self, sendbuf, dest, recvbuf, source):
         self.wait([self.irecv(recvbuf, source), self.isend(sendbuf, dest)])
-
-    def send(self, buf, dest):
-        self.wait([self.isend(buf, dest)])
-
-    def recv(self, buf, source):
-        self.wait([self.irecv(buf, source)])

@@ -7,7 +7,7 @@ error is raised on every rank involved.
 import math
 import typing
 
-from ringreduce.errors import MismatchError, UnsupportedDtypeError
+from ringreduce.errors import MismatchError, UnsupportedDtypeError, ranks_text
 from ringreduce.ops import ReduceOp
 
 # Collectives in which each rank may pass a different first dimension.
@@ -88,6 +88,3 @@ def _spread(values, ranks):
         by_value.setdefault(value, []).append(rank)
     return " but ".join(f"{value} on {ranks_text(r)}" for value, r in by_value.items())
 
-
-def ranks_text(ranks):
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

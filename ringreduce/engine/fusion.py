@@ -4,7 +4,7 @@ compression and device are packed into one buffer up to the fusion threshold; ev
 Every rank plans from the same ordered responses, so every rank builds the same buffers.
 """
 
-from ringreduce import compression, ops
+from ringreduce import compression
 
 
 def fusion_key(message):
@@ -39,14 +39,3 @@ def plan(responses, threshold):
         group[1] += size
     groups.extend(group for group, _ in open_groups.values())
     return groups
-
-
-def pack(buf, offsets, requests, op, copy_scaled):
-    """Fill a fusion buffer: request i's input at [offsets[i], offsets[i + 1]) through
-    copy_scaled(input, piece shaped like it), or the op's identity where a joined rank has none."""
-    for index, request in enumerate(requests):
-        piece = buf[offsets[index]:offsets[index + 1]]
-        if request is None:
-            piece.fill(ops.identity(op, buf.dtype))
-        else:
-            copy_scaled(request.input, piece.reshape(request.message.shape))

@@ -4,7 +4,7 @@ import dataclasses
 
 from mpi4py import MPI
 
-from ringreduce.algorithms.ring import even_counts, offsets_of
+from ringreduce.machine.layout import even_counts, offsets_of
 
 
 @dataclasses.dataclass(frozen=True)

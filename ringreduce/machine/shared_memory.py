@@ -10,7 +10,7 @@ barriers between its own writes and reads.
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.transports import wait_until
+from ringreduce.machine.transport import wait_until
 
 CACHE_LINE = 64
 

@@ -1,4 +1,4 @@
-"""What each rank tells the others at the start of every cycle, and how it travels.
+"""The wire protocol of a cycle: what each rank tells the others, and how it travels.
 
 A rank's state is a few flags, how long it waited in the last negotiation, and one bit per
 cache slot it has pending. In the steady state of a training loop every rank has the same
@@ -6,22 +6,61 @@ cached requests pending and nothing else to say, so one small bitwise-or allredu
 everything: each rank's flags and wait in fields of their own, the union of the cache bits and
 the union of their complements (whose complement is the intersection). Only when ranks differ
 (a name not yet everywhere, an announcement, a join, a shutdown, a stall) do the full rows
-follow, in an allgather, for the negotiation to see who has what.
+follow, in an allgather, for the negotiation to see who has what. Requests that are not in the
+cache are announced: their messages, pickled, in one more allgather, only in cycles where some
+rank has any.
 """
 
 import functools
+import pickle
 import struct
+import typing
 
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.negotiation import WAITING, RankState
-from ringreduce.transports import RepeatedAllreduce, wait_all
+from ringreduce.machine.layout import offsets_of
+from ringreduce.machine.transport import PersistentAllreduce, wait_all
 
-FLAG_BITS = WAITING.bit_length()  # negotiation's flags are the bits below and including WAITING
+ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING = 1, 2, 4, 8, 16
+FLAG_BITS = WAITING.bit_length()
 
 
-class StateExchange:
+def _flag(bit, doc):
+    """A RankState property: is this flag set?"""
+    return property(lambda state: bool(state.flags & bit), doc=doc)
+
+
+class RankState(typing.NamedTuple):
+    """What one rank's row says this cycle (a tuple: one is made per rank and cycle)."""
+
+    flags: int
+    slots: tuple  # the cache slots of the requests it has pending
+    waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
+
+    @classmethod
+    def of(cls, slots, waited, *, announces, joined, shutting_down, stalled, waiting):
+        flags = ((ANNOUNCES if announces else 0) | (JOINED if joined else 0)
+                 | (SHUTTING_DOWN if shutting_down else 0) | (STALLED if stalled else 0)
+                 | (WAITING if waiting else 0))
+        return cls(flags, tuple(slots), waited)
+
+    announces = _flag(ANNOUNCES, "It announces new messages this cycle.")
+    joined = _flag(JOINED, "It has called join().")
+    shutting_down = _flag(SHUTTING_DOWN, "It is shutting down.")
+    stalled = _flag(STALLED, "Its stall shutdown time has passed.")
+    waiting = _flag(WAITING, "It has requests (or a join or shutdown) in flight.")
+
+    @property
+    def only_slots(self):
+        """Nothing to say but its cache bits: no announcement, join, shutdown or stall."""
+        return self.flags & ~WAITING == 0
+
+
+class Wire:
+    """The exchanges of one cycle on the engine's communicator. Every rank makes the same calls
+    in the same order."""
+
     def __init__(self, comm, cache_capacity):
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
@@ -37,7 +76,7 @@ class StateExchange:
                                 for bit in range(FLAG_BITS) if 1 << bit != WAITING)
         self._summary = bytearray(self._flag_bytes + 4 * self.size + 2 * self._slot_bytes)
         self._reduced = bytearray(len(self._summary))
-        self._allreduce_summary = RepeatedAllreduce(
+        self._allreduce_summary = PersistentAllreduce(
             comm, [self._summary, MPI.BYTE], [self._reduced, MPI.BYTE], MPI.BOR)
         self._slots_at = self._flag_bytes + 4 * self.size
         self._waits = struct.Struct(f"<{self.size}I")
@@ -48,9 +87,10 @@ class StateExchange:
         self._slot_words = functools.lru_cache(maxsize=256)(self._slot_words)
         self.gathers = 0  # cycles that needed the full rows
 
-    def exchange(self, flags, waited_seconds, slots):
-        """Every rank's RankState, this rank's given by `flags`, `waited_seconds` and cache `slots`."""
-        micros = min(int(waited_seconds * 1e6), 2**32 - 1)
+    def states(self, mine):
+        """Every rank's RankState, this rank's being `mine`."""
+        flags, slots = mine.flags, mine.slots
+        micros = min(int(mine.waited * 1e6), 2**32 - 1)
         slot_words, in_order = self._slot_words(tuple(slots))
         self._summary[:] = self._spread_flags(flags) + self._my_wait.pack(micros) + slot_words
         self._allreduce_summary()
@@ -62,6 +102,17 @@ class StateExchange:
             return self._gather_rows(flags, micros, slots)
         waited = self._waits.unpack_from(reduced, self._flag_bytes)
         return [RankState(f, in_order, w / 1e6) for f, w in zip(self._rank_flags(flag_word), waited, strict=True)]
+
+    def announcements(self, messages):
+        """Every rank's newly announced messages (call it only in cycles where some rank has any)."""
+        payload = np.frombuffer(pickle.dumps(messages), dtype=np.uint8)
+        lengths = np.empty(self.size, dtype=np.int64)
+        wait_all([self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), lengths)])
+        offsets = offsets_of(lengths)
+        gathered = np.empty(offsets[-1], dtype=np.uint8)
+        spec = [gathered, np.diff(offsets).tolist(), offsets[:-1], MPI.BYTE]
+        wait_all([self.comm.Iallgatherv([payload, MPI.BYTE], spec)])
+        return [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes()) for r in range(self.size)]
 
     def close(self):
         self._allreduce_summary.free()

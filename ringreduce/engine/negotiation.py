@@ -1,7 +1,7 @@
 """How the ranks agree, every cycle, which requests are ready on all of them, in one order.
 
-Each cycle every rank contributes a short row: flags, and one bit per cached request it has
-pending. Requests not in the cache are announced once, in full, to every rank. Every rank
+Each cycle every rank contributes its RankState (wire.py): flags, and one bit per cached
+request it has pending. Requests not in the cache are announced once, in full. Every rank
 then runs this same pure logic on the same data, so all of them reach the same decisions
 without a round trip to a coordinator: they all act as the coordinator. A request's
 name is ready when every rank has submitted it (a rank that has joined stands in for an
@@ -9,90 +9,12 @@ allreduce with the op's identity); the ranks' submissions must agree, or every r
 same error. The cache makes a training loop's steady state one bit per name and cycle.
 """
 
-import collections
 import dataclasses
 import functools
-import typing
 
-from ringreduce import agreement
-from ringreduce.agreement import ranks_text
-from ringreduce.errors import PeerExitedError, RingReduceError, StallError
-
-ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING = 1, 2, 4, 8, 16
-
-
-def _flag(bit, doc):
-    """A RankState property: is this flag set?"""
-    return property(lambda state: bool(state.flags & bit), doc=doc)
-
-
-class RankState(typing.NamedTuple):
-    """What one rank's row says this cycle (a tuple: one is made per rank and cycle)."""
-
-    flags: int
-    slots: tuple  # the cache slots of the requests it has pending
-    waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
-
-    joined = _flag(JOINED, "It has called join().")
-    shutting_down = _flag(SHUTTING_DOWN, "It is shutting down.")
-    stalled = _flag(STALLED, "Its stall shutdown time has passed.")
-    waiting = _flag(WAITING, "It has requests (or a join or shutdown) in flight.")
-
-
-class Cache:
-    """Names negotiated before, each in a slot, with the Response every rank agreed on (reused
-    every time the name comes again as cache bits); least recently used goes first when full.
-    Every rank holds an identical copy."""
-
-    def __init__(self, capacity):
-        self.capacity = capacity
-        self._slots = collections.OrderedDict()  # name -> slot, least recently used first
-        self._entries = {}  # slot -> Response
-        self._free = list(range(capacity))
-
-    def __contains__(self, name):
-        return name in self._slots
-
-    def slot_for(self, message, rank):
-        """The slot that stands for this rank's message, if it is cached exactly as it is."""
-        slot = self._slots.get(message.name)
-        if slot is not None and self._entries[slot].messages[rank] == message:
-            return slot
-        return None
-
-    def entry(self, slot):
-        return self._entries[slot]
-
-    def cached(self, name, messages):
-        """The cached Response for `name` when these are its very messages (all of them came as
-        cache bits), else None."""
-        slot = self._slots.get(name)
-        if slot is None:
-            return None
-        response = self._entries[slot]
-        return response if all(m is c for m, c in zip(messages, response.messages, strict=True)) else None
-
-    def name_of(self, slot):
-        entry = self._entries.get(slot)
-        return entry.name if entry else None
-
-    def insert(self, response):
-        if self.capacity == 0:
-            return
-        if not self._free:
-            self.evict(next(iter(self._slots)))
-        slot = min(self._free)
-        self._free.remove(slot)
-        self._slots[response.name] = slot
-        self._entries[slot] = response
-
-    def touch(self, name):
-        self._slots.move_to_end(name)
-
-    def evict(self, name):
-        slot = self._slots.pop(name)
-        del self._entries[slot]
-        self._free.append(slot)
+from ringreduce.engine import agreement
+from ringreduce.engine.cache import Cache
+from ringreduce.errors import PeerExitedError, RingReduceError, StallError, ranks_text
 
 
 @dataclasses.dataclass
@@ -187,8 +109,7 @@ class Negotiator:
                 self._arrive(cached.name, rank, cached.messages[rank], now)
         for rank, messages in enumerate(announcements):
             for message in messages:
-                if message.name in self.cache:  # its arguments changed: forget the old ones
-                    self.cache.evict(message.name)
+                self.cache.forget_announced(message.name)
                 self._arrive(message.name, rank, message, now)
         joined = {rank for rank, state in enumerate(states) if state.joined}
         leaving = sorted(rank for rank, state in enumerate(states) if state.shutting_down)
@@ -261,10 +182,7 @@ class Negotiator:
                                        [r for r in range(self.size) if messages[r] is not None])
         response = Response(name, messages, error)
         if error is None and not missing:
-            if name in self.cache:
-                self.cache.touch(name)
-            else:
-                self.cache.insert(response)
+            self.cache.remember(response)
         return response
 
     def _fail(self, name, entry, error):
@@ -301,5 +219,4 @@ class Negotiator:
 def _all_alike_and_cached(states, announcements):
     """Nothing but the same cache bits on every rank: no announcement, join, shutdown or stall."""
     first = states[0].slots
-    return (not any(announcements)
-            and all(state.flags & ~WAITING == 0 and state.slots == first for state in states))
+    return not any(announcements) and all(state.only_slots and state.slots == first for state in states)

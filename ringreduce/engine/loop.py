@@ -1,7 +1,7 @@
 """The background engine: after init, the cycles that talk to MPI run one at a time, under a lock.
 
 Callers enqueue requests and keep handles. Each cycle the engine tells the other ranks
-what it has pending (states.py: one small allreduce in the steady state; new names are
+what it has pending (wire.py: one small allreduce in the steady state; new names are
 announced in full once), runs the shared negotiation, and executes what is ready everywhere,
 fused, in the agreed order. The cycles run on the engine thread, or on a caller's thread that
 waits for its own request while no other thread runs one (wait_for): any thread can run a
@@ -15,37 +15,34 @@ submission, which wakes it at once, so the short pace would only burn its core.
 
 import collections
 import faulthandler
-import pickle
 import sys
 import threading
 import time
 
-import numpy as np
-from mpi4py import MPI
-
-from ringreduce import fusion, launched, negotiation
-from ringreduce.algorithms.ring import offsets_of
+from ringreduce.engine import fusion
+from ringreduce.engine.negotiation import Negotiator
+from ringreduce.engine.wire import RankState
 from ringreduce.errors import PeerExitedError, RingReduceError
-from ringreduce.execution import Executor
-from ringreduce.requests import ANNOUNCED, CACHED, NEW
-from ringreduce.states import StateExchange
-from ringreduce.transports import wait_all
+from ringreduce.execution.host import Executor
 
 _JOIN, _SHUTDOWN = object(), object()
 IDLE_SECONDS = 0.1
 
 
 class Engine:
-    def __init__(self, comm, algorithms, config, timeline, sub_comms=(), device_family=None):
-        """`algorithms` run on `comm` and on `sub_comms` (derived from it), which the engine frees
-        with it at shutdown; `device_family()` builds the transport for CuPy arrays."""
-        self.comm = comm
+    def __init__(self, wire, algorithms, config, timeline, device_family=None, release=None, on_stranded=None):
+        """The cycles talk through `wire` and run collectives with `algorithms`; `device_family()`
+        builds the transport for CuPy arrays. After the last cycle of a shutdown the engine closes
+        both and calls `release()` (the communicators they ran on are the caller's). A rank that
+        leaves while others wait for it calls `on_stranded(why)` once."""
+        self.wire = wire
         self.algorithms = algorithms
-        self.sub_comms = list(sub_comms)
-        self.rank, self.size = comm.rank, comm.size
+        self.rank, self.size = wire.rank, wire.size
         self.config = config
         self.timeline = timeline
-        self.negotiator = negotiation.Negotiator(
+        self._release = release
+        self._on_stranded = on_stranded
+        self.negotiator = Negotiator(
             self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
         self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
         self.stats = dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0)
@@ -61,7 +58,6 @@ class Engine:
         self._shutdown_handle = None
         self._failure = None  # set if the engine itself broke: every later request gets it
         self._reported_leaving = False
-        self.states = StateExchange(comm, config.cache_capacity)
         self._no_announcements = ((),) * self.size
         self._waited = 0.0  # seconds this rank waited in the last negotiation
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
@@ -99,7 +95,7 @@ class Engine:
             try:
                 self._cycle_once()
             except BaseException as error:  # a cycle cut short leaves the ranks out of step: fail everything
-                self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
+                self._break(error)
                 if not isinstance(error, Exception):
                     raise  # Ctrl-C or exit in the caller's thread: the caller's, not the request's
             finally:
@@ -131,7 +127,7 @@ class Engine:
                     if self._cycle_once():
                         break
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
-            self._break(RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {error!r}"))
+            self._break(error)
             raise
         finally:
             self.timeline.close()
@@ -147,21 +143,21 @@ class Engine:
         # A rank with nothing in flight joins the next cycle only when it gets a request (or
         # ticks), so waiting for it costs no pace: start that cycle at once, and its request
         # completes it. When every rank has something in flight, keep the pace.
-        self._pace = all(state.flags & negotiation.WAITING for state in states)
+        self._pace = all(state.waiting for state in states)
         return outcome.all_shut_down
 
     def _cycle(self, arrived):
         started = time.perf_counter()
         for item in arrived:
             self._accept(item)
-        announce, slots = self._prepare()
+        announce, slots = self.negotiator.cache.outgoing(self._pending.values(), self.rank)
         states = self._exchange_states(announce, slots)
         negotiated = time.perf_counter()
         for request in self._pending.values():
             if request.negotiated is None:
                 request.negotiated = negotiated
-        if any(s.flags & negotiation.ANNOUNCES for s in states):
-            announcements = self._exchange_announcements(announce)
+        if any(s.announces for s in states):
+            announcements = self.wire.announcements(announce)
             self.stats["announced"] += sum(map(len, announcements))
         else:
             announcements = self._no_announcements
@@ -205,45 +201,15 @@ class Engine:
         else:
             self._pending[request.name] = request
 
-    def _prepare(self):
-        """Which pending requests go as cache bits and which must be announced in full."""
-        cache = self.negotiator.cache
-        announce, slots = [], []
-        for request in self._pending.values():
-            if request.state == CACHED and cache.name_of(request.slot) != request.name:
-                request.state = ANNOUNCED  # evicted: the others hold its message already
-            if request.state == NEW:
-                request.slot = cache.slot_for(request.message, self.rank)
-                if request.slot is None:
-                    announce.append(request.message)
-                    request.state = ANNOUNCED
-                else:
-                    request.state = CACHED
-            if request.state == CACHED:
-                slots.append(request.slot)
-        return announce, slots
-
     def _exchange_states(self, announce, slots):
-        flags = ((negotiation.ANNOUNCES if announce else 0)
-                 | (negotiation.JOINED if self._join_handle is not None else 0)
-                 | (negotiation.SHUTTING_DOWN if self._shutdown_handle is not None else 0)
-                 | (negotiation.STALLED if self.negotiator.stall_due(time.perf_counter()) else 0)
-                 | (negotiation.WAITING if self._pending or self._join_handle or self._shutdown_handle else 0))
+        waiting = bool(self._pending or self._join_handle or self._shutdown_handle)
+        mine = RankState.of(slots, self._waited, announces=bool(announce), joined=self._join_handle is not None,
+                            shutting_down=self._shutdown_handle is not None,
+                            stalled=self.negotiator.stall_due(time.perf_counter()), waiting=waiting)
         started = time.perf_counter()
-        states = self.states.exchange(flags, self._waited, slots)
+        states = self.wire.states(mine)
         self._waited = time.perf_counter() - started
         return states
-
-    def _exchange_announcements(self, announce):
-        """Every rank's newly announced messages (only in cycles where some rank has any)."""
-        payload = np.frombuffer(pickle.dumps(announce), dtype=np.uint8)
-        lengths = np.empty(self.size, dtype=np.int64)
-        wait_all([self.comm.Iallgather(np.array([len(payload)], dtype=np.int64), lengths)])
-        offsets = offsets_of(lengths)
-        gathered = np.empty(offsets[-1], dtype=np.uint8)
-        spec = [gathered, np.diff(offsets).tolist(), offsets[:-1], MPI.BYTE]
-        wait_all([self.comm.Iallgatherv([payload, MPI.BYTE], spec)])
-        return [pickle.loads(gathered[offsets[r]:offsets[r + 1]].tobytes()) for r in range(self.size)]
 
     def _execute(self, responses, cycle_started):
         groups = fusion.plan(responses, self.config.fusion_threshold_bytes)
@@ -270,18 +236,20 @@ class Engine:
             self.timeline.cycle(self.stats["cycles"], cycle_started, len(responses), len(groups))
 
     def _report_stranded(self, responses):
-        """When this rank is leaving while others wait for it, tell rrun at once: if the others then
-        fail because of it, rrun names this rank, whose own exit status would come too late."""
-        if self._shutdown_handle is None or self._reported_leaving or not launched.under_rrun():
+        """When this rank is leaving while others wait for it, say so at once (to rrun): if the
+        others then fail because of it, this rank is named, whose own exit would come too late."""
+        if self._shutdown_handle is None or self._reported_leaving or self._on_stranded is None:
             return
         stranded = [r for r in responses if isinstance(r.error, PeerExitedError) and r.name not in self._pending]
         if stranded:
             self._reported_leaving = True
-            sys.stderr.buffer.write(launched.status_line(self.rank, 0, left=str(stranded[0].error)))
-            sys.stderr.flush()
+            self._on_stranded(str(stranded[0].error))
 
-    def _break(self, failure):
-        """Fail everything in flight and every later request; the engine thread stops."""
+    def _break(self, cause):
+        """Fail everything in flight and every later request, with `cause` chained to the error they
+        raise (its traceback is not lost); the engine thread stops."""
+        failure = RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {cause!r}")
+        failure.__cause__ = cause
         with self._queue_lock:
             self._failure = failure
             self._wakeup.notify()
@@ -294,9 +262,9 @@ class Engine:
 
     def _finish_shutdown(self):
         self.algorithms.close()
-        self.states.close()
-        for comm in self.sub_comms + [self.comm]:
-            comm.Free()
+        self.wire.close()
+        if self._release is not None:
+            self._release()
         self._shutdown_handle.finish()
 
     @property

@@ -12,10 +12,13 @@ import time
 
 import numpy as np
 
-from ringreduce import compression, fusion, gpu, ops
-from ringreduce.algorithms.ring import even_counts, offsets_of
-from ringreduce.arrays import RECYCLER, Concatenation, Workspace, disjoint, like, new_like, to_host
-from ringreduce.device_execution import DeviceExecutor
+from ringreduce import compression, ops
+from ringreduce.execution.device import DeviceExecutor
+from ringreduce.execution.packing import pack
+from ringreduce.machine import gpu
+from ringreduce.machine.backends import like, new_like, to_host
+from ringreduce.machine.layout import Concatenation, disjoint, even_counts, offsets_of
+from ringreduce.machine.memory import RECYCLER, Workspace
 
 # Collectives that run on the GPU for CuPy arrays; alltoall stages them through the host.
 DEVICE_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
@@ -68,7 +71,7 @@ class Executor:
         counts = [r.message.count for r in responses]
         offsets = offsets_of(counts)
         new_results = uncompressed and all(r is None or r.output is None for r in requests)
-        finish = _finisher(op, self.size, message.postscale)
+        scale_result = _result_scaler(op, self.size, message.postscale)
         started = time.perf_counter()
         where_they_lie = uncompressed and self._reads_where_they_lie(requests, message, wire, offsets[-1], new_results)
         if where_they_lie:
@@ -77,14 +80,13 @@ class Executor:
                                     for m, r in zip(responses, requests, strict=True)])
         else:
             source = self.fusion_buffer.get(offsets[-1], wire)
-            fusion.pack(source, offsets, requests, op,
-                        lambda array, piece: _copy_scaled(array, piece, message.prescale))
+            pack(source, offsets, requests, op, lambda array, piece: ops.scale(array, message.prescale, out=piece))
         copied_in = time.perf_counter()
         if new_results:
             # Every result is new: reduce straight into one recycled block and hand out views of
             # it, which saves unpacking a fusion buffer.
             block = RECYCLER.empty((offsets[-1],), message.dtype)
-            self.algorithms.allreduce(block, op, source, finish)
+            self.algorithms.allreduce(block, op, source, scale_result)
             reduced = time.perf_counter()
             outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
         else:
@@ -92,16 +94,16 @@ class Executor:
             if where_they_lie:
                 # ... and writes each result where it goes (the gradients of a training step, reduced
                 # in place): nothing is unpacked either.
-                self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, finish)
+                self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, scale_result)
                 reduced = time.perf_counter()
             else:
                 # Compressed, the division waits for the cast back, as it would without compression.
-                self.algorithms.allreduce(source, op, finish=finish if uncompressed else None)
+                self.algorithms.allreduce(source, op, scale_result=scale_result if uncompressed else None)
                 reduced = time.perf_counter()
                 for index, output in enumerate(outputs):
-                    _copy_scaled(source[offsets[index]:offsets[index + 1]].reshape(output.shape), output, 1.0)
+                    ops.scale(source[offsets[index]:offsets[index + 1]].reshape(output.shape), 1.0, out=output)
                     if not uncompressed:
-                        ops.finish(output.reshape(-1), op, self.size, message.postscale)
+                        ops.scale_result(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -113,7 +115,7 @@ class Executor:
         """Can the algorithm read every (uncompressed) input where it lies, and write the results
         there too unless they are all new? Unscaled, contiguous inputs on the shared-memory path;
         and results written into the inputs must not land where another request still reads."""
-        return (message.prescale == 1.0 and self.algorithms.reads_concatenation(count * wire.itemsize)
+        return (message.prescale == 1.0 and self.algorithms.reads_concatenation_at(count * wire.itemsize)
                 and all(r is None or _readable_as(r.input, wire) for r in requests)
                 and (new_results or disjoint([r.input for r in requests if r is not None])))
 
@@ -128,7 +130,7 @@ class Executor:
             source = _contribution(request.input, output, message.prescale)
         elif request is not None:
             ops.scale(flat, message.prescale)
-        self.algorithms.allreduce(flat, op, source, _finisher(op, self.size, message.postscale))
+        self.algorithms.allreduce(flat, op, source, _result_scaler(op, self.size, message.postscale))
         self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
         return [output]
 
@@ -173,7 +175,7 @@ class Executor:
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op, source)
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
         np.copyto(result.reshape(-1), mine)
-        ops.finish(result.reshape(-1), op, self.size, message.postscale)
+        ops.scale_result(result.reshape(-1), op, self.size, message.postscale)
         return result
 
     def _barrier(self, response, request):
@@ -184,20 +186,12 @@ def _wire(message):
     return compression.wire_dtype(message.compression, message.dtype)
 
 
-def _finisher(op, size, postscale):
-    """ops.finish for the algorithms to run on each stretch of the result as it is reduced; None
+def _result_scaler(op, size, postscale):
+    """ops.scale_result for the algorithms to run on each stretch of the result as it is reduced; None
     when the sums are the result already."""
     if op != ops.Average and postscale == 1.0:
         return None
-    return functools.partial(ops.finish, op=op, size=size, postscale_factor=postscale)
-
-
-def _copy_scaled(source, target, factor):
-    """target = source * factor in target's dtype: the cast of compression happens here too."""
-    if factor == 1.0:
-        np.copyto(target, source, casting="unsafe")
-    else:
-        np.multiply(source, factor, out=target, casting="unsafe")
+    return functools.partial(ops.scale_result, op=op, size=size, postscale_factor=postscale)
 
 
 def _contribution(array, target, factor):
@@ -205,7 +199,7 @@ def _contribution(array, target, factor):
     scaling and they can read it as it is; else None, after copying it, scaled, into `target`."""
     if factor == 1.0 and _readable_as(array, target.dtype):
         return array.reshape(-1)
-    _copy_scaled(array, target, factor)
+    ops.scale(array, factor, out=target)
     return None
 
 

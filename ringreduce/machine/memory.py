@@ -1,0 +1,71 @@
+"""Memory the core reuses: scratch buffers grown once, and blocks recycled for large results.
+
+A freshly allocated array's pages fault on first touch, which on a memory-bound collective can
+cost more than the collective itself (docs/performance.md has the figures): the hot paths work
+in memory that has been touched before.
+"""
+
+import math
+import sys
+import threading
+
+import numpy as np
+
+
+class Workspace:
+    """Scratch memory allocated once and grown when needed. `allocate(nbytes)` gives a flat uint8
+    array: host memory by default; device or pinned host memory for the GPU paths."""
+
+    def __init__(self, allocate=lambda nbytes: np.empty(nbytes, dtype=np.uint8)):
+        self._allocate = allocate
+        self._buffer = None
+
+    def get(self, count, dtype):
+        nbytes = count * np.dtype(dtype).itemsize
+        if self._buffer is None or self._buffer.nbytes < nbytes:
+            self._buffer = self._allocate(nbytes)
+        return self._buffer[:nbytes].view(dtype)
+
+
+class Recycler:
+    """New host arrays for large results, carved from blocks that earlier results have let go.
+
+    A block is free again when nothing but this recycler refers to it (a result, and every view
+    of it, keeps its block referenced), which CPython's reference count tells exactly. Smaller
+    arrays come from numpy, whose allocator reuses memory well at those sizes.
+    """
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, keep=8):
+        self.keep = keep
+        self._blocks = []  # the most recently handed out last
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.MIN_BYTES:
+            return np.empty(shape, dtype)
+        with self._lock:
+            block = self._take(nbytes)
+            self._blocks.append(block)
+            del self._blocks[:-self.keep]
+        return block[:nbytes].view(dtype).reshape(shape)
+
+    def _take(self, nbytes):
+        """The smallest free block that fits without wasting more than half of it, out of the list;
+        or a new one."""
+        free = [i for i in range(len(self._blocks))
+                if nbytes <= self._blocks[i].nbytes <= 2 * nbytes and _unreferenced(self._blocks[i])]
+        if not free:
+            return np.empty(nbytes, dtype=np.uint8)
+        return self._blocks.pop(min(free, key=lambda i: self._blocks[i].nbytes))
+
+
+def _unreferenced(block):
+    # References: the recycler's list, this function's argument, and getrefcount's own.
+    return sys.getrefcount(block) <= 3
+
+
+RECYCLER = Recycler()
