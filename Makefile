@@ -63,5 +63,7 @@ SOAK_COUNT ?= 50000
 soak: install
 	$(RRUN) -np 3 $(PYTHON) tests/workers/soak.py $(SOAK_COUNT) $(shell date +%s)
 
+# ruff, and the direction of imports (tests/test_layers.py states it as a contract that fails).
 lint: install
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_layers.py

@@ -95,28 +95,21 @@ def is_initialized():
     return _active is not None
 
 
-def rank():
-    return active().topology.rank
+def _where(field, doc):
+    """A query of this process's place in the job, answered once ringreduce is initialized."""
+    def query():
+        return getattr(active().topology, field)
+    query.__name__ = query.__qualname__ = field
+    query.__doc__ = doc
+    return query
 
 
-def size():
-    return active().topology.size
-
-
-def local_rank():
-    return active().topology.local_rank
-
-
-def local_size():
-    return active().topology.local_size
-
-
-def cross_rank():
-    return active().topology.cross_rank
-
-
-def cross_size():
-    return active().topology.cross_size
+rank = _where("rank", "This process's rank in the job, 0 to size() - 1.")
+size = _where("size", "The number of ranks in the job.")
+local_rank = _where("local_rank", "This process's rank among the ranks on its host.")
+local_size = _where("local_size", "The number of ranks on this process's host.")
+cross_rank = _where("cross_rank", "This process's host, among the hosts (the rank of its local rank's group).")
+cross_size = _where("cross_size", "The number of ranks with this process's local rank: the hosts that have one.")
 
 
 def active():

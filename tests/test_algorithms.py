@@ -1,6 +1,7 @@
 """The algorithms as pure logic, at 1 to 8 ranks, over an in-memory transport of threads and
 queues: many more rank counts and lengths than real processes on two cores can afford."""
 
+import inspect
 import itertools
 import queue
 
@@ -10,6 +11,10 @@ from threads import QueueTransport, ThreadSegment, data, run_ranks, shared_host
 
 from ringreduce.algorithms import pairwise, ring, tree
 from ringreduce.algorithms.choice import SMALL_BYTES, plan
+from ringreduce.algorithms.contract import DeviceFamily, HostFamily
+from ringreduce.algorithms.device import CudaAwareMpi, Nccl, Staged
+from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.algorithms.ring import RingFamily
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
@@ -308,3 +313,22 @@ def test_auto_allgathers_over_the_ring_on_one_host():
 def test_forced_hierarchical_needs_equal_hosts():
     with pytest.raises(RingReduceError, match="same number of ranks on every host"):
         plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "1"}), _topology(3, 2, 2, homogeneous=False))
+
+
+def _contract(protocol):
+    """{method name: parameter names} of a contract's methods."""
+    return {name: list(inspect.signature(member).parameters) for name, member in vars(protocol).items()
+            if inspect.isfunction(member) and not name.startswith("_")}
+
+
+@pytest.mark.parametrize("family, protocol", [
+    (RingFamily, HostFamily), (SharedMemory, HostFamily), (MPIAlgorithms, HostFamily),
+    (Nccl, DeviceFamily), (CudaAwareMpi, DeviceFamily), (Staged, DeviceFamily),
+])
+def test_every_family_offers_its_contract_with_its_parameters(family, protocol):
+    assert _contract(protocol)
+    for name, parameters in _contract(protocol).items():
+        if (family, name) != (SharedMemory, "alltoallv"):  # the contract's one exception
+            assert list(inspect.signature(getattr(family, name)).parameters) == parameters, (family, name)
+    if protocol is HostFamily:
+        assert isinstance(family.reads_concatenation, bool)

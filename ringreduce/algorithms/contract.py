@@ -36,7 +36,8 @@ class HostFamily(typing.Protocol):
         """`buf` on every rank gets the root's values: its `buf`, or its `source` if it passes one."""
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
-        """Block j of `send` goes to rank j; block j of `recv` comes from rank j."""
+        """Block j of `send` goes to rank j; block j of `recv` comes from rank j. (The shared-memory
+        family has none: choice.plan never gives it alltoall.)"""
 
 
 @typing.runtime_checkable

@@ -1,5 +1,5 @@
 """Runs transports.PersistentAllreduce three times on changing buffers, and three small allreduces
-through MPIAlgorithms (which uses repeated ones below `repeat_below`), both on a communicator
+through MPIAlgorithms (which uses persistent ones below `persistent_below`), both on a communicator
 with persistent collectives and on one as an MPI before 4.0 presents it (no Allreduce_init), and
 reports the results. Usage: repeated.py"""
 
@@ -46,7 +46,7 @@ for label, on in (("persistent", comm), ("fallback", WithoutPersistentCollective
         result = np.empty(7, np.float64)
         algorithms.allreduce(result, ReduceOp.SUM, np.arange(7.0) * (rank + 1) + round_)
         sums.append(result.tolist())
-    still_repeating = algorithms.repeat_below > 0
+    still_repeating = algorithms.persistent_below > 0
     algorithms.close()
     print("REPORT " + json.dumps({"label": label, "persistent": repeated.persistent, "results": results,
                                   "sums": sums, "still_repeating": still_repeating}), flush=True)
