@@ -1,10 +1,12 @@
 """Collectives on picklable Python objects, for small things such as configs and metrics."""
 
+import itertools
 import pickle
 
 import numpy as np
 
 from ringreduce import collectives, runtime
+from ringreduce.machine.layout import offsets_of
 
 
 def broadcast_object(obj, root_rank=0, name=None):
@@ -23,5 +25,5 @@ def allgather_object(obj, name=None):
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     lengths = collectives.allgather(np.array([len(payload)], dtype=np.int64), name=name)
     gathered = collectives.allgather(payload, name=name).tobytes()
-    ends = np.cumsum(lengths).tolist()
-    return [pickle.loads(gathered[end - n:end]) for end, n in zip(ends, lengths.tolist(), strict=True)]
+    offsets = offsets_of(lengths)
+    return [pickle.loads(gathered[start:end]) for start, end in itertools.pairwise(offsets)]
