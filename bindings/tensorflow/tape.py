@@ -19,7 +19,7 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
     mask = np.array([[g is not None for g in dense]], dtype=np.uint8)
 
     def reduce(*arrays):
-        _check_presence(core.allgather(mask, name=f"{name}.present"), labels, name)
+        _check_presence(core.allgather(tensor=mask, name=f"{name}.present"), labels, name)
         return [np.asarray(r) for r in core.grouped_allreduce(tensors=list(arrays), op=op, name=name,
                                                              compression=compression)]
 

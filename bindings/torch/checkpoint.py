@@ -15,13 +15,13 @@ def save(directory, step, model, optimizer=None, sampler_epoch=None, extra=None,
     """Commit the training state after `step` (call it on every rank; rank 0 writes)."""
     state = {"step": step, "model": model.state_dict(), "sampler_epoch": sampler_epoch, "extra": extra,
              "optimizer": optimizer.state_dict() if optimizer is not None else None}
-    return checkpoint.save(state, directory, step, keep=keep)
+    return checkpoint.save(state=state, directory=directory, step=step, keep=keep)
 
 
 def restore(directory, model, optimizer=None):
     """Load the newest intact checkpoint into `model` and `optimizer` on every rank; returns its
     {"step", "sampler_epoch", "extra"}, or None when there is none (nothing is changed then)."""
-    _, state = checkpoint.load_latest(directory)
+    _, state = checkpoint.load_latest(directory=directory)
     if state is None:
         return None
     model.load_state_dict(state["model"])

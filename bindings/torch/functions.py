@@ -19,5 +19,5 @@ def broadcast_parameters(params, root_rank=0):
 def broadcast_optimizer_state(optimizer, root_rank=0):
     """Give every rank the root rank's optimizer state (Adam's moments and step counts, every
     param group's hyper-parameters), also before the first step, when it is empty."""
-    state = core.broadcast_object(optimizer.state_dict(), root_rank=root_rank, name="broadcast.optimizer_state")
+    state = core.broadcast_object(obj=optimizer.state_dict(), root_rank=root_rank, name="broadcast.optimizer_state")
     optimizer.load_state_dict(state)

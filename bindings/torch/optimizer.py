@@ -62,7 +62,7 @@ class _DistributedOptimizer:
         """
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
                             for p in self._ordered], dtype=np.uint8)
-        anywhere = core.allreduce(present, op=core.Max, name=_MASK_NAME)
+        anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME)
         for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
             if somewhere and not local:
                 if parameter.grad is None:

@@ -44,7 +44,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        averaged = core.allreduce(values, op=core.Average, name=f"keras.metrics.{epoch}.{','.join(names)}")
+        averaged = core.allreduce(tensor=values, op=core.Average, name=f"keras.metrics.{epoch}.{','.join(names)}")
         for name, value in zip(names, averaged.tolist(), strict=True):
             logs[name] = value
 
