@@ -1,4 +1,4 @@
-"""Running agreed collectives on CuPy arrays: the device side of execution.py.
+"""Running agreed collectives on CuPy arrays: the device side of execution/host.py.
 
 Everything stays on the GPU: a fused group is packed into a device fusion buffer (grown once,
 reused) with the prescale and the FP16 cast done by one kernel on the way in, and the cast

@@ -3,7 +3,7 @@
 Each function gets the group's responses and this rank's requests for them (None where this
 rank has joined and takes part with the op's identity), runs the algorithm, and returns one
 result per request. The host algorithms work on numpy arrays; collectives of CuPy arrays run
-on the GPU (device_execution.py), except alltoall, which stages them through the host.
+on the GPU (execution/device.py), except alltoall, which stages them through the host.
 """
 
 import functools
