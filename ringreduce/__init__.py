@@ -16,6 +16,8 @@ from ringreduce.compression import Compression  # noqa: F401
 from ringreduce.errors import (  # noqa: F401
     CorruptCheckpointError,
     GpuError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
     MismatchError,
     NotInitializedError,
     PeerExitedError,
@@ -23,30 +25,37 @@ from ringreduce.errors import (  # noqa: F401
     StallError,
     UnsupportedDtypeError,
 )
-from ringreduce.ops import Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from ringreduce.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 
 __version__ = "0.1.0"
 
 _EAGER = (
-    "Compression", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "GpuError",
-    "MismatchError", "NotInitializedError", "PeerExitedError", "RingReduceError", "StallError",
-    "UnsupportedDtypeError",
+    "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "GpuError",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError", "NotInitializedError", "PeerExitedError",
+    "RingReduceError", "StallError", "UnsupportedDtypeError",
 )
 # module -> the public names it defines that take no arrays.
 _LAZY_WITHOUT_ARRAYS = {
     "ringreduce.runtime": (
         "init", "shutdown", "is_initialized", "engine_stats", "straggler_report",
-        "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+        "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous",
+        "mpi_threads_supported", "start_timeline", "stop_timeline",
+    ),
+    "ringreduce.build": (
+        "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "ddl_built",
+        "ccl_built", "rocm_built",
     ),
     "ringreduce.collectives": ("barrier", "join", "poll", "synchronize"),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
 }
-# The collectives on arrays: each framework binding has its own, on its tensors.
+# The collectives on arrays: each framework binding has its own, on its tensors, and its own
+# Compression, as Horovod's do.
 _ARRAY_CALLS = (
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
-    "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_",
-    "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-    "reducescatter_async",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "allgather", "allgather_async",
+    "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
 )
 _HOME = {name: module for module, names in _LAZY_WITHOUT_ARRAYS.items() for name in names}
 _HOME.update(dict.fromkeys(_ARRAY_CALLS, "ringreduce.collectives"))
@@ -55,7 +64,7 @@ _HOME.update(dict.fromkeys(_ARRAY_CALLS, "ringreduce.collectives"))
 # takes no arrays.
 WITHOUT_ARRAYS = _EAGER + tuple(name for names in _LAZY_WITHOUT_ARRAYS.values() for name in names)
 
-__all__ = sorted(_EAGER + tuple(_HOME))
+__all__ = sorted(("Compression",) + _EAGER + tuple(_HOME))
 
 
 def __getattr__(name):

@@ -37,10 +37,25 @@ def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postsca
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                             compression=Compression.none):
     """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
-    base = name or runtime.active().auto_name()
-    return GroupHandle([
-        allreduce_async(t, op, f"{base}.{i}", prescale_factor, postscale_factor, compression)
-        for i, t in enumerate(tensors)])
+    return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression),
+                    tensors, name)
+
+
+def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                             compression=Compression.none):
+    """grouped_allreduce_async that writes each result into its array."""
+    return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression),
+                    tensors, name)
+
+
+def grouped_allgather_async(tensors, name=None):
+    """allgather of several arrays submitted together; the handle gives a list."""
+    return _grouped(allgather_async, tensors, name)
+
+
+def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """reducescatter of several arrays submitted together; the handle gives a list."""
+    return _grouped(lambda t, n: reducescatter_async(t, op, n, prescale_factor, postscale_factor), tensors, name)
 
 
 def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -91,6 +106,20 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
                                                           compression))
 
 
+def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                       compression=Compression.none):
+    return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
+                                                           compression))
+
+
+def grouped_allgather(tensors, name=None):
+    return _synchronously(lambda: grouped_allgather_async(tensors, name))
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor))
+
+
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
 
@@ -116,10 +145,15 @@ def barrier():
     _synchronously(lambda: _submit("barrier", None, lambda: ({}, {})))
 
 
-def join():
+def join(device=-1):
     """Say this rank has no more data. Until every rank has joined, it takes part in the others'
     allreduces with the op's identity (zero for Sum and Average), so they do not hang. Returns
-    the rank that joined last. Average still divides by the number of ranks."""
+    the rank that joined last. Average still divides by the number of ranks.
+
+    `device` is Horovod's argument (where its stand-in zeros live); ringreduce makes a joined
+    rank's stand-ins where the collective's own arrays live, so it needs none, and accepts it."""
+    if not isinstance(device, (int, np.integer)):
+        raise TypeError(f"join(device=...) takes a device index (-1: CPU), got {device!r}")
     handle = Handle("join")
     runtime.active().engine.join(handle)
     return handle.wait()
@@ -133,6 +167,13 @@ def poll(handle):
 def synchronize(handle):
     """Wait for the request behind `handle`; return its result or raise its error."""
     return handle.wait()
+
+
+def _grouped(submit, tensors, name):
+    """submit(array, name) for each array, named `{name}.{i}` (the naming rule of every grouped
+    call), together, so that they fuse."""
+    base = name or runtime.active().auto_name()
+    return GroupHandle([submit(t, f"{base}.{i}") for i, t in enumerate(tensors)])
 
 
 class GroupHandle:

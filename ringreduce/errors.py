@@ -10,8 +10,19 @@ class RingReduceError(RuntimeError):
     """Base class of ringreduce's own errors."""
 
 
-class NotInitializedError(RingReduceError):
-    """A collective was called before ringreduce.init() (or after shutdown())."""
+# Horovod's name for a collective that failed (a RuntimeError, as ours): `except
+# hvd.HorovodInternalError` catches every ringreduce error, MismatchError and PeerExitedError too.
+HorovodInternalError = RingReduceError
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal to an elastic job that its hosts changed. ringreduce's jobs are not elastic
+    yet, so nothing raises it; scripts that catch it import it from here."""
+
+
+class NotInitializedError(RingReduceError, ValueError):
+    """A collective was called before ringreduce.init() (or after shutdown()). Also a ValueError,
+    as Horovod's is."""
 
 
 class MismatchError(RingReduceError, ValueError):

@@ -5,6 +5,7 @@ rank's input before the reduction, postscale multiplies the result after it.
 """
 
 import enum
+import warnings
 
 import numpy as np
 
@@ -16,6 +17,7 @@ class ReduceOp(enum.IntEnum):
 
     AVERAGE = 0
     SUM = 1
+    ADASUM = 2
     MIN = 3
     MAX = 4
     PRODUCT = 5
@@ -23,6 +25,7 @@ class ReduceOp(enum.IntEnum):
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
@@ -47,6 +50,18 @@ def as_op(op):
         raise ValueError(f"unknown reduction op {op!r}; use one of {names}") from None
 
 
+def from_average(op, average, stacklevel=3):
+    """The op of a call in Horovod's older style: `average=True` is Average and `average=False` is
+    Sum (deprecated, with a DeprecationWarning, and an error beside `op`); neither is Average."""
+    if average is None:
+        return Average if op is None else op
+    if op is not None:
+        raise ValueError("give op, or the deprecated average, not both")
+    warnings.warn("the average argument is deprecated; use op=Average or op=Sum", DeprecationWarning,
+                  stacklevel=stacklevel)
+    return Average if average else Sum
+
+
 def ufunc(op):
     """The element-wise numpy function that combines two ranks' values."""
     return _UFUNCS[op]
@@ -54,6 +69,8 @@ def ufunc(op):
 
 def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
     """Raise if `op` or the scaling has no meaning for `dtype` (bool supports only Min/Max/Product)."""
+    if op == ReduceOp.ADASUM:
+        raise ValueError("Adasum is not offered by ringreduce; use Average (or Sum)")
     if dtype == np.bool_:
         if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
             raise UnsupportedDtypeError(

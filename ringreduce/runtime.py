@@ -95,6 +95,33 @@ def is_initialized():
     return _active is not None
 
 
+def is_homogeneous():
+    """Does every host run the same number of ranks?"""
+    return active().topology.homogeneous
+
+
+def mpi_threads_supported():
+    """Did MPI start with MPI_THREAD_MULTIPLE, so that the program may call MPI itself (through
+    mpi4py) beside ringreduce?"""
+    active()
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Start recording a timeline (a Chrome trace, written by rank 0) into `file_path`, in place of
+    any recorded so far; `mark_cycles` adds a mark for each engine cycle that ran something."""
+    runtime = active()
+    if runtime.topology.rank == 0:
+        runtime.engine.record_to(Timeline(file_path, 0, mark_cycles))
+
+
+def stop_timeline():
+    """Stop recording the timeline and close its file."""
+    runtime = active()
+    if runtime.topology.rank == 0:
+        runtime.engine.record_to(NoTimeline())
+
+
 def _where(field, doc):
     """A query of this process's place in the job, answered once ringreduce is initialized."""
     def query():

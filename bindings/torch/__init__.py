@@ -1,4 +1,5 @@
-"""ringreduce for PyTorch: the collectives on tensors, and data-parallel training in two lines.
+"""ringreduce for PyTorch, with the names, arguments and defaults of horovod.torch: the
+collectives on tensors, and data-parallel training in two lines.
 
     import ringreduce.torch as rr
     rr.init()
@@ -8,20 +9,35 @@
 
 import ringreduce
 from ringreduce.torch import checkpoint  # noqa: F401
+from ringreduce.torch.compression import Compression  # noqa: F401
+from ringreduce.torch.differentiable import (  # noqa: F401
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
+)
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from ringreduce.torch.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from ringreduce.torch.tensors import (  # noqa: F401
-    allgather,
-    allreduce,
+    allgather_async,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    broadcast,
+    alltoall_async,
     broadcast_,
-    grouped_allreduce,
-    reducescatter,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    reducescatter_async,
 )
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)

@@ -9,8 +9,8 @@ import numpy as np
 
 import ringreduce as core
 import torch
-from ringreduce.compression import Compression
 from ringreduce.torch import tensors
+from ringreduce.torch.compression import Compression, in_engine
 
 _MASK_NAME = "ringreduce.torch.gradients_present"
 
@@ -20,9 +20,11 @@ class _DistributedOptimizer:
     reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor):
+                 gradient_predivide_factor, sparse_as_dense):
         super().__init__(params)
         self._compression = compression
+        self._engine_compression = in_engine(compression)
+        self._sparse_as_dense = sparse_as_dense
         self._op = op
         self._passes_per_step = backward_passes_per_step
         if op == core.Average:
@@ -51,8 +53,20 @@ class _DistributedOptimizer:
             self._handles[parameter] = self._allreduce(parameter)
 
     def _allreduce(self, parameter):
-        return tensors.allreduce_async_(parameter.grad, self._op, self._names[parameter], self._compression,
-                                        self._prescale, self._postscale)
+        """Start averaging `parameter.grad`, in place: the engine casts for the built-in compressions,
+        a compressor of the user's own runs around the allreduce; a sparse gradient is gathered
+        (indices and values, as Horovod), unless sparse_as_dense makes it dense first."""
+        name = self._names[parameter]
+        if parameter.grad.is_sparse:
+            if not self._sparse_as_dense:
+                return _SparseAllreduce(parameter, name, self._op)
+            parameter.grad = parameter.grad.to_dense()
+        if self._engine_compression is not None:
+            return tensors.engine_allreduce_async_(parameter.grad, self._op, name, self._prescale, self._postscale,
+                                                   self._engine_compression)
+        compressed, ctx = self._compression.compress(parameter.grad)
+        handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale)
+        return tensors.Handle(handle, lambda result: parameter.grad.copy_(self._compression.decompress(result, ctx)))
 
     def synchronize(self):
         """Wait until every gradient of this step is averaged over the ranks.
@@ -101,15 +115,26 @@ class _DistributedOptimizer:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=core.Average, gradient_predivide_factor=1.0):
+                         op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False):
     """`optimizer`, averaging gradients over all ranks. The result is an instance of a subclass of
     the optimizer's own class, so param_groups, state_dict, load_state_dict and LR schedulers
-    behave as they do on the original; its state (a loaded checkpoint) comes along."""
+    behave as they do on the original; its state (a loaded checkpoint) comes along.
+
+    `num_groups` and `groups` are Horovod's way to fuse gradients into grouped allreduces; the
+    engine fuses every gradient that is ready in a cycle anyway, so they are checked and need
+    nothing more."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    if num_groups and groups is not None:
+        raise ValueError("give num_groups or groups, not both")
+    if not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be a whole number of at least 0, got {num_groups!r}")
+    if groups is not None and not (isinstance(groups, int) or all(isinstance(g, (list, tuple)) for g in groups)):
+        raise ValueError("groups must be a number of groups or a list of lists of parameters")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor)
+                      gradient_predivide_factor, sparse_as_dense)
     distributed.load_state_dict(optimizer.state_dict())
     return distributed
 
@@ -131,3 +156,27 @@ def _parameter_names(param_groups, named_parameters):
                          f"(positions {missing[:10]} in its param_groups); pass model.named_parameters() "
                          "for the model the optimizer was built on")
     return {p: f"grad.{by_parameter[p]}" for p in parameters}
+
+
+class _SparseAllreduce:
+    """A sparse gradient combined over ranks by gathering every rank's indices and values; its
+    wait() puts the combined sparse gradient in place (Average divides the values by the size)."""
+
+    def __init__(self, parameter, name, op):
+        if op not in (core.Sum, core.Average):
+            raise ValueError(f"a sparse gradient ({name!r}) can be summed or averaged, not reduced with {op!r}")
+        grad = parameter.grad.coalesce()
+        self._parameter, self._average, self._shape = parameter, op == core.Average, grad.shape
+        self._indices = tensors.allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices")
+        self._values = tensors.allgather_async(grad.values().contiguous(), name=f"{name}.values")
+
+    def done(self):
+        return self._indices.done() and self._values.done()
+
+    def wait(self):
+        values = self._values.wait()
+        if self._average:
+            values = values / core.size()
+        combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape).coalesce()
+        self._parameter.grad = combined
+        return combined

@@ -34,7 +34,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         count = input.numel() // channels
         local = torch.cat([input.sum(dims), (input * input).sum(dims),
                            torch.tensor([float(count)], dtype=input.dtype)]).double()
-        total = tensors.allreduce(local, op=core.Sum)
+        total = tensors.engine_allreduce_async(local, core.Sum).wait()
         n = total[-1]
         mean = total[:channels] / n
         var = total[channels:2 * channels] / n - mean * mean
@@ -62,7 +62,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         sum_dy_centered = (grad_output * centered).sum(dims)
         grad_weight = (sum_dy_centered * invstd) if weight is not None else None
         grad_bias = sum_dy if weight is not None else None
-        total = tensors.allreduce(torch.cat([sum_dy, sum_dy_centered]).double(), op=core.Sum).to(input.dtype)
+        total = tensors.engine_allreduce_async(torch.cat([sum_dy, sum_dy_centered]).double(), core.Sum).wait().to(
+            input.dtype)
         mean_dy, mean_dy_centered = total[:channels] / ctx.n, total[channels:] / ctx.n
         scale = invstd if weight is None else invstd * weight
         grad_input = (grad_output - mean_dy.view(shape)

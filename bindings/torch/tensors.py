@@ -1,12 +1,15 @@
-"""The collectives on torch tensors: each tensor reaches the core as an array that shares its
-memory (Tensor.numpy() on the CPU, DLPack to CuPy on the GPU), so nothing is copied on the way.
+"""The collectives on torch tensors, with Horovod's signatures: each tensor reaches the core as an
+array that shares its memory (Tensor.numpy() on the CPU, DLPack to CuPy on the GPU), so nothing
+is copied on the way. bfloat16, which numpy lacks, travels as float32 and is converted back.
 
-bfloat16, which numpy lacks, travels as float32 and is converted back.
+The plain out-of-place collectives are differentiable (autograd.py); the async and in-place
+forms are not, as in Horovod.
 """
 
 import ringreduce as core
 import torch
-from ringreduce.compression import Compression
+from ringreduce import compression as wire
+from ringreduce import ops
 from ringreduce.machine import gpu
 
 
@@ -34,7 +37,8 @@ def as_tensor(array, like):
 
 
 class Handle:
-    """A core handle whose result is turned back into a tensor (or written into one)."""
+    """A core handle whose result is turned back into a tensor (or written into one, or a list of
+    them for a grouped call)."""
 
     def __init__(self, handle, convert):
         self._handle = handle
@@ -60,70 +64,116 @@ def _in_place(tensor, array):
     return convert
 
 
-def allreduce_async(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
-                    postscale_factor=1.0):
-    handle = core.allreduce_async(tensor=as_array(tensor), op=_op(op), name=name, prescale_factor=prescale_factor,
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Start combining `tensor` over every rank (Average by default); the handle gives a new tensor."""
+    return engine_allreduce_async(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """allreduce_async into `tensor` itself."""
+    return engine_allreduce_async_(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    """allreduce_async of several tensors submitted together, so that they fuse."""
+    return engine_grouped_allreduce_async(tensors, ops.from_average(op, average), name, prescale_factor,
+                                          postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    arrays = [as_array(t) for t in tensors]
+    handle = core.grouped_allreduce_async_(tensors=arrays, op=ops.from_average(op, average), name=name,
+                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    converts = [_in_place(t, a) for t, a in zip(tensors, arrays, strict=True)]
+    return Handle(handle, lambda results: [convert(r) for convert, r in zip(converts, results, strict=True)])
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+
+
+def allgather_async(tensor, name=None):
+    """Start concatenating every rank's `tensor` along the first dimension."""
+    return Handle(core.allgather_async(tensor=as_array(tensor), name=name), _out_of_place(tensor))
+
+
+def grouped_allgather_async(tensors, name=None):
+    handle = core.grouped_allgather_async(tensors=[as_array(t) for t in tensors], name=name)
+    return Handle(handle, _each_out_of_place(tensors))
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    """Start copying the root rank's `tensor` to every rank; the handle gives a new tensor."""
+    return Handle(core.broadcast_async(tensor=as_array(tensor), root_rank=root_rank, name=name),
+                  _out_of_place(tensor))
+
+
+def broadcast_async_(tensor, root_rank, name=None):
+    """broadcast_async into `tensor` itself (through a copy where it is not contiguous)."""
+    array = as_array(tensor)
+    if array.flags.c_contiguous and tensor.dtype != torch.bfloat16:
+        return Handle(core.broadcast_async_(tensor=array, root_rank=root_rank, name=name), lambda _: tensor)
+    copy = broadcast_async(tensor, root_rank, name)
+    return Handle(copy, lambda result: tensor.copy_(result))
+
+
+def broadcast_(tensor, root_rank, name=None):
+    return broadcast_async_(tensor, root_rank, name).wait()
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Start sending block j of the first dimension to rank j. With `splits` (rows per rank) the
+    handle gives (tensor, rows received from each rank), as Horovod's."""
+    handle = core.alltoall_async(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name)
+    if splits is None:
+        return Handle(handle, _out_of_place(tensor))
+    return Handle(handle, lambda result: (as_tensor(result[0], tensor), torch.from_numpy(result[1])))
+
+
+def reducescatter_async(tensor, name=None, op=core.Average, prescale_factor=1.0, postscale_factor=1.0):
+    """Start combining every rank's `tensor` and keep this rank's share of the first dimension."""
+    handle = core.reducescatter_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor)
+    return Handle(handle, _out_of_place(tensor))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=core.Average, prescale_factor=1.0, postscale_factor=1.0):
+    handle = core.grouped_reducescatter_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
+                                              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return Handle(handle, _each_out_of_place(tensors))
+
+
+def engine_allreduce_async(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                           compression=wire.Compression.none):
+    """allreduce_async with the op decided and the engine's own compression (for autograd.py)."""
+    handle = core.allreduce_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, compression=compression)
     return Handle(handle, _out_of_place(tensor))
 
 
-def allreduce_async_(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
-                     postscale_factor=1.0):
+def engine_allreduce_async_(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                            compression=wire.Compression.none):
     array = as_array(tensor)
-    handle = core.allreduce_async_(tensor=array, op=_op(op), name=name, prescale_factor=prescale_factor,
+    handle = core.allreduce_async_(tensor=array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, compression=compression)
     return Handle(handle, _in_place(tensor, array))
 
 
-def allreduce(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async(tensor, op, name, compression, prescale_factor, postscale_factor).wait()
+def engine_grouped_allreduce_async(tensors, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                                   compression=wire.Compression.none):
+    handle = core.grouped_allreduce_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
+                                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                          compression=compression)
+    return Handle(handle, _each_out_of_place(tensors))
 
 
-def allreduce_(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
-               postscale_factor=1.0):
-    return allreduce_async_(tensor, op, name, compression, prescale_factor, postscale_factor).wait()
-
-
-def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
-                      postscale_factor=1.0):
-    results = core.grouped_allreduce(tensors=[as_array(t) for t in tensors], op=_op(op), name=name,
-                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                     compression=compression)
-    return [as_tensor(result, tensor) for result, tensor in zip(results, tensors, strict=True)]
-
-
-def allgather(tensor, name=None):
-    return as_tensor(core.allgather(tensor=as_array(tensor), name=name), tensor)
-
-
-def broadcast(tensor, root_rank, name=None):
-    return as_tensor(core.broadcast(tensor=as_array(tensor), root_rank=root_rank, name=name), tensor)
-
-
-def broadcast_(tensor, root_rank, name=None):
-    array = as_array(tensor)
-    if array.flags.c_contiguous and tensor.dtype != torch.bfloat16:
-        core.broadcast_(tensor=array, root_rank=root_rank, name=name)
-    else:
-        tensor.copy_(broadcast(tensor, root_rank, name))
-    return tensor
-
-
-def alltoall(tensor, splits=None, name=None):
-    result = core.alltoall(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name)
-    if splits is None:
-        return as_tensor(result, tensor)
-    array, received = result
-    return as_tensor(array, tensor), torch.from_numpy(received)
-
-
-def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return as_tensor(core.reducescatter(tensor=as_array(tensor), op=_op(op), name=name, prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor), tensor)
-
-
-def _op(op):
-    return core.Average if op is None else op
+def _each_out_of_place(tensors):
+    return lambda results: [as_tensor(r, t) for r, t in zip(results, tensors, strict=True)]
 
 
 def _ints(splits):

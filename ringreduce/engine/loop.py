@@ -79,6 +79,13 @@ class Engine:
             if wake:
                 self._wakeup.notify()
 
+    def record_to(self, timeline):
+        """Record into `timeline` from the next cycle on; the one recorded into so far is closed."""
+        with self._cycling:
+            previous, self.timeline = self.timeline, timeline
+            self.executor.timeline = timeline
+        previous.close()
+
     def join(self, handle):
         self.submit((_JOIN, handle))
 

@@ -12,8 +12,9 @@ import time
 class Timeline:
     recording = True
 
-    def __init__(self, path, rank):
+    def __init__(self, path, rank, mark_cycles=True):
         self._file = open(path, "w")  # noqa: SIM115 - held open for the job's life
+        self._mark_cycles = mark_cycles
         self._rank = rank
         self._start = time.perf_counter()
         self._rows = {}
@@ -30,6 +31,9 @@ class Timeline:
                      "dur": max(self._us(end) - self._us(start), 0.0), "args": {"tensor": tensor}})
 
     def cycle(self, number, start, tensors, collectives):
+        if not self._mark_cycles:
+            self._file.flush()
+            return
         self._write({"name": "CYCLE", "ph": "i", "s": "p", "pid": self._rank, "tid": 0, "ts": self._us(start),
                      "args": {"cycle": number, "tensors": tensors, "collectives": collectives}})
         self._file.flush()

@@ -1,0 +1,172 @@
+"""The plain out-of-place collectives on tensors, each an autograd Function, as Horovod's are:
+a tensor that requires grad gives a result that does too.
+
+Each backward is the exact gradient of the sum of every rank's loss: an allreduce of the
+gradient for an allreduce (Sum or Average), a reducescatter of it for an allgather (an allreduce
+with Sum, of which each rank keeps its rows), the sum over ranks for the root of a broadcast
+(zero elsewhere), an allgather for a reducescatter, the reverse alltoall for an alltoall.
+Horovod averages instead of summing for allgather and broadcast, and scales the reducescatter's
+differently; docs/horovod.md says where. The backward calls are collectives too: every rank runs
+backward through the same collectives in the same order.
+"""
+
+import ringreduce as core
+import torch
+from ringreduce import ops
+from ringreduce.torch import tensors as calls
+from ringreduce.torch.compression import Compression, in_engine
+
+_DIFFERENTIABLE_OPS = (core.Sum, core.Average)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0):
+    """Combine `tensor` over every rank (Average by default); a new tensor."""
+    op = ops.from_average(op, average)
+    return _compressed(compression, [tensor], lambda engine, t: [
+        _Allreduce.apply(t[0], op, name, prescale_factor, postscale_factor, engine)])[0]
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0):
+    """allreduce of several tensors submitted together, so that they fuse; a list of new tensors."""
+    op = ops.from_average(op, average)
+    return _compressed(compression, tensors, lambda engine, ts: list(
+        _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, engine, *ts)))
+
+
+def allgather(tensor, name=None):
+    """Every rank's `tensor` concatenated along the first dimension (which may differ by rank)."""
+    return _Allgather.apply(name, tensor)[0]
+
+
+def grouped_allgather(tensors, name=None):
+    return list(_Allgather.apply(name, *tensors))
+
+
+def broadcast(tensor, root_rank, name=None):
+    """The root rank's `tensor`, on every rank; a new tensor."""
+    return _Broadcast.apply(tensor, root_rank, name)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Block j of the first dimension to rank j, one block from each rank back; with `splits`
+    (rows per rank), also the rows received from each rank."""
+    return _Alltoall.apply(tensor, name, None if splits is None else calls._ints(splits))
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=core.Average, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Combine every rank's `tensor`; this rank keeps its share of the first dimension (the first
+    ranks one row more where it does not divide evenly)."""
+    return grouped_reducescatter([tensor], name, compression, op, prescale_factor, postscale_factor)[0]
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=core.Average, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    return _compressed(compression, tensors, lambda engine, ts: list(
+        _Reducescatter.apply(op, name, prescale_factor, postscale_factor, *ts)), engine_compresses=False)
+
+
+def _compressed(compression, inputs, run, engine_compresses=True):
+    """run(engine compression, tensors): the built-in compressions are the engine's; a compressor
+    of the user's own compresses before the collective and decompresses after."""
+    engine = in_engine(compression)
+    if engine is not None and (engine_compresses or engine is in_engine(Compression.none)):
+        return run(engine, inputs)
+    packed = [compression.compress(t) for t in inputs]
+    results = run(in_engine(Compression.none), [t for t, _ in packed])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
+
+
+def _check_differentiable(op, what):
+    if op not in _DIFFERENTIABLE_OPS:
+        raise NotImplementedError(f"the gradient of {what} with op {ops.ReduceOp(op).name.capitalize()} is not "
+                                  "defined; only Sum and Average are differentiable")
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale, postscale, engine):
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        return calls.engine_allreduce_async(tensor, op, name, prescale, postscale, engine).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _check_differentiable(ctx.op, "allreduce")
+        return (allreduce(grad, op=ctx.op, prescale_factor=ctx.prescale, postscale_factor=ctx.postscale),
+                None, None, None, None, None)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale, postscale, engine, *inputs):
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        return tuple(calls.engine_grouped_allreduce_async(inputs, op, name, prescale, postscale, engine).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _check_differentiable(ctx.op, "grouped_allreduce")
+        return (None,) * 5 + tuple(grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
+                                                     postscale_factor=ctx.postscale))
+
+
+class _Allgather(torch.autograd.Function):
+    """One or several tensors; backward: each rank's rows of the sum of every rank's gradient."""
+
+    @staticmethod
+    def forward(ctx, name, *inputs):
+        ctx.rows = [t.shape[0] for t in inputs]
+        return tuple(calls.grouped_allgather_async(inputs, name).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        summed = grouped_allreduce(list(grads), op=core.Sum)
+        every_ranks_rows = calls.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)).wait()
+        starts = every_ranks_rows[:core.rank()].sum(dim=0).tolist()
+        return (None,) + tuple(g.narrow(0, start, rows) for g, start, rows in zip(summed, starts, ctx.rows,
+                                                                                  strict=True))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return calls.broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        summed = allreduce(grad, op=core.Sum)
+        return (summed if core.rank() == ctx.root_rank else torch.zeros_like(summed)), None, None
+
+
+class _Alltoall(torch.autograd.Function):
+    """Backward: the gradient's blocks go back where their rows came from."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, splits):
+        result = calls.alltoall_async(tensor, splits, name).wait()
+        if splits is None:
+            ctx.received = None
+            return result
+        output, received = result
+        ctx.received = received.tolist()
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, *_received):
+        back = calls.alltoall_async(grad.contiguous(), ctx.received).wait()
+        return (back if ctx.received is None else back[0]), None, None
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale, postscale, *inputs):
+        ctx.op, ctx.scale = op, prescale * postscale / (core.size() if op == core.Average else 1)
+        return tuple(calls.grouped_reducescatter_async(inputs, name, op, prescale, postscale).wait())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _check_differentiable(ctx.op, "reducescatter")
+        return (None,) * 4 + tuple(g * ctx.scale for g in grouped_allgather([g.contiguous() for g in grads]))

@@ -1,0 +1,44 @@
+"""What this installation of ringreduce offers, in the build queries Horovod scripts ask
+(`hvd.nccl_built()` and the rest), answered for ringreduce: it always runs on MPI, never on Gloo,
+oneCCL, DDL or ROCm; NCCL and CUDA where CuPy can use them on this machine."""
+
+from ringreduce.machine import gpu
+
+
+def mpi_built():
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    """NCCL's version code where CuPy's NCCL loads here, else 0 (as Horovod's answer)."""
+    nccl = gpu.nccl_module()
+    return nccl.get_version() if nccl is not None else 0
+
+
+def cuda_built():
+    """Can collectives run on CUDA arrays here (CuPy installed and using a GPU)?"""
+    return gpu.unavailable_reason() is None
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def rocm_built():
+    return False
