@@ -81,7 +81,8 @@ def test_gradients_through_the_collectives_are_the_analytic_ones(np, tmp_path):
         torch.testing.assert_close(got["allreduce-1"], all_w)  # Sum
         torch.testing.assert_close(got["allreduce-0"], all_w / np)  # Average
         start = sum(r + 1 for r in range(rank))
-        torch.testing.assert_close(got["allgather"], sum(w(r, gathered_rows) for r in range(np))[start:start + rank + 1])
+        summed_weights = sum(w(r, gathered_rows) for r in range(np))
+        torch.testing.assert_close(got["allgather"], summed_weights[start:start + rank + 1])
         torch.testing.assert_close(got["broadcast"], all_w if rank == np - 1 else torch.zeros(6))
         expected = torch.cat([w(r)[:rows_of(r, np).stop - rows_of(r, np).start] for r in range(np)])
         torch.testing.assert_close(got["reducescatter"], expected)
