@@ -45,6 +45,9 @@ KNOBS = (
      "Warn when ranks wait this long for a request others have not submitted [default: 60].", str),
     ("--stall-shutdown-seconds", "RINGREDUCE_STALL_SHUTDOWN_TIME", click.FloatRange(min=0),
      "End the job when such a stall lasts this long [default: never].", str),
+    ("--deadlock-seconds", "RINGREDUCE_DEADLOCK_TIME", click.FloatRange(min=0),
+     "Fail the requests of a deadlock (every rank blocked in a wait this long, with nothing new submitted "
+     "anywhere, for requests others have not submitted) on every rank (0: never) [default: 5].", str),
     ("--stall-stacks", "RINGREDUCE_STALL_STACKS", None,
      "With a stall warning, every rank also prints its Python stacks.", lambda on: "1"),
     ("--straggler-report", "RINGREDUCE_STRAGGLER_REPORT", None,

@@ -15,6 +15,7 @@ import importlib
 from ringreduce.compression import Compression  # noqa: F401
 from ringreduce.errors import (  # noqa: F401
     CorruptCheckpointError,
+    DeadlockError,
     GpuError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
@@ -30,9 +31,9 @@ from ringreduce.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # 
 __version__ = "0.1.0"
 
 _EAGER = (
-    "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "GpuError",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError", "NotInitializedError", "PeerExitedError",
-    "RingReduceError", "StallError", "UnsupportedDtypeError",
+    "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "DeadlockError",
+    "GpuError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError", "NotInitializedError",
+    "PeerExitedError", "RingReduceError", "StallError", "UnsupportedDtypeError",
 )
 # module -> the public names it defines that take no arrays.
 _LAZY_WITHOUT_ARRAYS = {

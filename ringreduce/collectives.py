@@ -154,8 +154,9 @@ def join(device=-1):
     rank's stand-ins where the collective's own arrays live, so it needs none, and accepts it."""
     if not isinstance(device, (int, np.integer)):
         raise TypeError(f"join(device=...) takes a device index (-1: CPU), got {device!r}")
-    handle = Handle("join")
-    runtime.active().engine.join(handle)
+    engine = runtime.active().engine
+    handle = Handle("join", engine.waiters)
+    engine.join(handle)
     return handle.wait()
 
 
@@ -208,7 +209,7 @@ def _submit(kind, name, build):
     """Check the arguments (build returns the Message fields and the Request's arrays) and enqueue."""
     rt = runtime.active()
     name = name or rt.auto_name()
-    handle = Handle(name)
+    handle = Handle(name, rt.engine.waiters)
     try:
         fields, data = build()
         if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device

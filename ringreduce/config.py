@@ -38,6 +38,9 @@ class Config:
     timeline: str | None = None
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float | None = None
+    # Every rank blocked in a wait this long with nothing new submitted anywhere, for requests that
+    # others have not submitted: a deadlock, whose requests fail on every rank (0: never).
+    deadlock_seconds: float = 5.0
     # With a stall warning, each rank also prints every thread's Python stack.
     stall_stacks: bool = False
     straggler_report: bool = False
@@ -70,6 +73,7 @@ class Config:
             stall_check_seconds=_number(environ, "RINGREDUCE_STALL_CHECK_TIME", cls.stall_check_seconds,
                                         float, minimum=0),
             stall_shutdown_seconds=_number(environ, "RINGREDUCE_STALL_SHUTDOWN_TIME", None, float, minimum=0),
+            deadlock_seconds=_number(environ, "RINGREDUCE_DEADLOCK_TIME", cls.deadlock_seconds, float, minimum=0),
             stall_stacks=bool(_switch(environ, "RINGREDUCE_STALL_STACKS")),
             straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
         )

@@ -41,6 +41,11 @@ class StallError(RingReduceError):
     """Ranks waited past RINGREDUCE_STALL_SHUTDOWN_TIME for requests that others never submitted."""
 
 
+class DeadlockError(RingReduceError):
+    """Every rank was blocked waiting, with nothing new submitted anywhere, for requests that other
+    ranks have not submitted (RINGREDUCE_DEADLOCK_TIME); raised on every rank, which can go on."""
+
+
 class GpuError(RingReduceError):
     """A GPU array reached ringreduce where no GPU can be used, or no agreed transport exists."""
 

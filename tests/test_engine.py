@@ -195,3 +195,24 @@ def test_poll_and_synchronize():
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(2):
         assert reports(job, rank) == [{"done": True, "value": [1.0, 1.0, 1.0]}]
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_a_deadlock_fails_on_every_rank_within_the_grace_period_and_the_job_goes_on(np):
+    job = run_job(np, "engine.py", "deadlock", env={"RINGREDUCE_DEADLOCK_TIME": "2"}, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    waits = "; ".join(f"rank {r} waits in allreduce 'only-on-{r}'" for r in range(np))
+    for rank in range(np):
+        failed, after = reports(job, rank)
+        assert failed["error"] == ("deadlock: every rank has been blocked for 2 s with nothing new submitted "
+                                   f"anywhere: {waits}. Every rank must make the same collective calls "
+                                   "(RINGREDUCE_DEADLOCK_TIME sets how long to wait, 0 never)")
+        assert 2 <= failed["seconds"] < 2 + 5
+        assert after == {"after": [np * (np + 1) / 2] * 2}
+
+
+def test_a_rank_still_computing_is_no_deadlock():
+    job = run_job(2, "engine.py", "computing", env={"RINGREDUCE_DEADLOCK_TIME": "0.5"}, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert reports(job, rank) == [{"result": [3.0, 3.0]}]

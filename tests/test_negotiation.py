@@ -5,8 +5,8 @@ import pytest
 from ringreduce.engine import fusion
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.negotiation import Negotiator
-from ringreduce.engine.wire import JOINED, SHUTTING_DOWN, STALLED, RankState
-from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError
+from ringreduce.engine.wire import DEADLOCKED, JOINED, SHUTTING_DOWN, STALLED, RankState
+from ringreduce.errors import DeadlockError, MismatchError, PeerExitedError, RingReduceError, StallError
 
 
 def msg(name, shape=(4,), dtype="float32", kind="allreduce", op=0, compression="none", device="cpu"):
@@ -148,3 +148,25 @@ def test_fusion_keeps_different_dtypes_ops_and_compression_apart():
     groups = fusion.plan(responses, 10**9)
     assert sorted(sorted(r.name for r in g) for g in groups) == [["a", "e"], ["b"], ["c"], ["d"], ["f"], ["g", "h"]]
     assert fusion.wire_bytes(msg("d", compression="fp16", shape=(10,))) == 20
+
+
+def test_a_deadlock_is_decided_only_when_every_rank_says_so_and_nothing_arrived():
+    n = Negotiator(2, cache_capacity=8, deadlock_seconds=5.0)
+    n.negotiate(idle(2), [[msg("a")], [msg("b")]], now=0.0)
+    assert not n.deadlock_suspected(4.9) and n.deadlock_suspected(5.0)
+    one_says = [RankState(DEADLOCKED, ()), RankState(0, ())]
+    assert names(n.negotiate(one_says, [[], []], now=6.0)) == []
+    arriving = n.negotiate(idle(2, DEADLOCKED), [[], [msg("c")]], now=7.0)  # rank 1 submitted something new
+    assert names(arriving) == [] and not n.deadlock_suspected(11.0)
+    outcome = n.negotiate(idle(2, DEADLOCKED), [[], []], now=12.0)
+    assert names(outcome) == ["a", "b", "c"]
+    assert all(isinstance(r.error, DeadlockError) for r in outcome.responses)
+    waits = "rank 0 waits in allreduce 'a'; rank 1 waits in allreduce 'b', allreduce 'c'"
+    assert waits in str(outcome.responses[0].error)
+    assert n.table == {} and not n.deadlock_suspected(20.0)
+
+
+def test_no_deadlock_check_when_its_time_is_zero():
+    n = Negotiator(2, cache_capacity=8)
+    n.negotiate(idle(2), [[msg("a")], [msg("b")]], now=0.0)
+    assert not n.deadlock_suspected(1e6)

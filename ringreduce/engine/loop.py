@@ -21,6 +21,7 @@ import time
 
 from ringreduce.engine import fusion
 from ringreduce.engine.negotiation import Negotiator
+from ringreduce.engine.requests import Waiters
 from ringreduce.engine.wire import RankState
 from ringreduce.errors import PeerExitedError, RingReduceError
 from ringreduce.execution.host import Executor
@@ -42,8 +43,9 @@ class Engine:
         self.timeline = timeline
         self._release = release
         self._on_stranded = on_stranded
-        self.negotiator = Negotiator(
-            self.size, config.cache_capacity, config.stall_check_seconds, config.stall_shutdown_seconds)
+        self.negotiator = Negotiator(self.size, config.cache_capacity, config.stall_check_seconds,
+                                     config.stall_shutdown_seconds, config.deadlock_seconds)
+        self.waiters = Waiters()  # the handles of this engine's requests count their blocked waits here
         self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
         self.stats = dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0)
         self._incoming = collections.deque()
@@ -210,9 +212,11 @@ class Engine:
 
     def _exchange_states(self, announce, slots):
         waiting = bool(self._pending or self._join_handle or self._shutdown_handle)
+        now = time.perf_counter()
         mine = RankState.of(slots, self._waited, announces=bool(announce), joined=self._join_handle is not None,
-                            shutting_down=self._shutdown_handle is not None,
-                            stalled=self.negotiator.stall_due(time.perf_counter()), waiting=waiting)
+                            shutting_down=self._shutdown_handle is not None, stalled=self.negotiator.stall_due(now),
+                            waiting=waiting,
+                            deadlocked=self.waiters.any and self.negotiator.deadlock_suspected(now))
         started = time.perf_counter()
         states = self.wire.states(mine)
         self._waited = time.perf_counter() - started

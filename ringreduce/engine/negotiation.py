@@ -14,7 +14,7 @@ import functools
 
 from ringreduce.engine import agreement
 from ringreduce.engine.cache import Cache
-from ringreduce.errors import PeerExitedError, RingReduceError, StallError, ranks_text
+from ringreduce.errors import DeadlockError, PeerExitedError, RingReduceError, StallError, ranks_text
 
 
 @dataclasses.dataclass
@@ -84,8 +84,11 @@ class Stragglers:
 
 
 class Negotiator:
-    def __init__(self, size, cache_capacity, stall_check_seconds=60.0, stall_shutdown_seconds=None):
+    def __init__(self, size, cache_capacity, stall_check_seconds=60.0, stall_shutdown_seconds=None,
+                 deadlock_seconds=0.0):
         self.size = size
+        self.deadlock_seconds = deadlock_seconds
+        self._quiet_since = None  # since when, by this rank's clock, nothing arrived and nothing ran
         self.table = {}  # name -> Entry, in the order the names were first seen
         self.cache = Cache(cache_capacity)
         self.stall_check_seconds = stall_check_seconds
@@ -102,15 +105,17 @@ class Negotiator:
         if self._previous_ran_something:
             self.stragglers.record([state.waited for state in states])
         if not self.table and _all_alike_and_cached(states, announcements):
+            self._quiet_since = now
             return self._cached_outcome(states[0].slots)
+        arrived = False
         for rank, state in enumerate(states):
             for slot in state.slots:
                 cached = self.cache.entry(slot)
-                self._arrive(cached.name, rank, cached.messages[rank], now)
+                arrived |= self._arrive(cached.name, rank, cached.messages[rank], now)
         for rank, messages in enumerate(announcements):
             for message in messages:
                 self.cache.forget_announced(message.name)
-                self._arrive(message.name, rank, message, now)
+                arrived |= self._arrive(message.name, rank, message, now)
         joined = {rank for rank, state in enumerate(states) if state.joined}
         leaving = sorted(rank for rank, state in enumerate(states) if state.shutting_down)
         for rank in joined:
@@ -126,6 +131,10 @@ class Negotiator:
         self._previous_ran_something = any(r.error is None for r in responses)
 
         outcome = Outcome(responses, all_shut_down=len(leaving) == self.size)
+        if responses or arrived or not self.table or self._quiet_since is None:
+            self._quiet_since = now
+        elif all(state.deadlocked for state in states):
+            self._fail_deadlock(outcome, joined)
         if len(joined) == self.size:
             outcome.join_done = max(self._joined_at, key=lambda r: (self._joined_at[r], r))
             self._joined_at.clear()
@@ -153,12 +162,21 @@ class Negotiator:
         return self.stall_shutdown_seconds is not None and any(
             now - min(e.arrival.values()) >= self.stall_shutdown_seconds for e in self.table.values())
 
+    def deadlock_suspected(self, now):
+        """True when, by this rank's clock, requests have waited the deadlock time with nothing new
+        submitted anywhere. A rank blocked in a wait says so in its row; when every rank does,
+        every rank fails the same requests together."""
+        return bool(self.deadlock_seconds and self.table) and now - self._quiet_since >= self.deadlock_seconds
+
     def _arrive(self, name, rank, message, now):
+        """Record `rank`'s message for `name`; True when it is new (not seen in an earlier cycle)."""
         entry = self.table.get(name)
         if entry is None:
             entry = self.table[name] = Entry(self.cycles)
+        new = rank not in entry.messages
         entry.messages[rank] = message
         entry.arrival.setdefault(rank, now)
+        return new
 
     def _decide(self, name, entry, joined, leaving):
         missing = [r for r in range(self.size) if r not in entry.messages]
@@ -207,6 +225,22 @@ class Negotiator:
         error = StallError(" / ".join(self._describe_stall(name, entry, now) for name, entry in stalled)
                            + f" (RINGREDUCE_STALL_SHUTDOWN_TIME={self.stall_shutdown_seconds:g})")
         for name, entry in stalled:
+            del self.table[name]
+            outcome.responses.append(self._fail(name, entry, error))
+
+    def _fail_deadlock(self, outcome, joined):
+        """Every rank is blocked, each waiting for requests that others have not submitted: fail all
+        of them, on every rank alike, naming what each rank waits for."""
+        waits = []
+        for rank in range(self.size):
+            names = [f"{entry.kind} {name!r}" for name, entry in self.table.items() if rank in entry.messages]
+            waits.append(f"{ranks_text([rank])} waits in " + (", ".join(names) if names else "join()" if rank in
+                                                               joined else "nothing of these"))
+        error = DeadlockError(
+            f"deadlock: every rank has been blocked for {self.deadlock_seconds:g} s with nothing new submitted "
+            f"anywhere: {'; '.join(waits)}. Every rank must make the same collective calls "
+            "(RINGREDUCE_DEADLOCK_TIME sets how long to wait, 0 never)")
+        for name, entry in list(self.table.items()):
             del self.table[name]
             outcome.responses.append(self._fail(name, entry, error))
 

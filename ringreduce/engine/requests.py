@@ -7,11 +7,33 @@ import time
 NEW, CACHED, ANNOUNCED = "new", "cached", "announced"
 
 
+class Waiters:
+    """How many of this process's threads are blocked in a handle's wait(): a rank with one is
+    waiting for the others, which is what tells a deadlock from a rank still computing."""
+
+    def __init__(self):
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def any(self):
+        return self._count > 0
+
+    def __enter__(self):
+        with self._lock:
+            self._count += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._count -= 1
+
+
 class Handle:
     """The result of an async collective, once the engine has it: poll it or wait for it."""
 
-    def __init__(self, name):
+    def __init__(self, name, waiters=None):
         self.name = name
+        self._waiters = waiters
         # Held until finish(); any thread may release a Lock. Far cheaper to make than an Event,
         # and a handle is made for every call.
         self._pending = threading.Lock()
@@ -23,8 +45,12 @@ class Handle:
         return not self._pending.locked()
 
     def wait(self):
-        with self._pending:
-            pass
+        if self._waiters is not None and self._pending.locked():
+            with self._waiters, self._pending:
+                pass
+        else:
+            with self._pending:
+                pass
         if self._error is not None:
             raise self._error
         return self._result

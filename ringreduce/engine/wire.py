@@ -22,8 +22,8 @@ from mpi4py import MPI
 from ringreduce.machine.layout import offsets_of
 from ringreduce.machine.transport import PersistentAllreduce, wait_all
 
-ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING = 1, 2, 4, 8, 16
-FLAG_BITS = WAITING.bit_length()
+ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING, DEADLOCKED = 1, 2, 4, 8, 16, 32
+FLAG_BITS = DEADLOCKED.bit_length()
 
 
 def _flag(bit, doc):
@@ -39,10 +39,10 @@ class RankState(typing.NamedTuple):
     waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
 
     @classmethod
-    def of(cls, slots, waited, *, announces, joined, shutting_down, stalled, waiting):
+    def of(cls, slots, waited, *, announces, joined, shutting_down, stalled, waiting, deadlocked=False):
         flags = ((ANNOUNCES if announces else 0) | (JOINED if joined else 0)
                  | (SHUTTING_DOWN if shutting_down else 0) | (STALLED if stalled else 0)
-                 | (WAITING if waiting else 0))
+                 | (WAITING if waiting else 0) | (DEADLOCKED if deadlocked else 0))
         return cls(flags, tuple(slots), waited)
 
     announces = _flag(ANNOUNCES, "It announces new messages this cycle.")
@@ -50,6 +50,8 @@ class RankState(typing.NamedTuple):
     shutting_down = _flag(SHUTTING_DOWN, "It is shutting down.")
     stalled = _flag(STALLED, "Its stall shutdown time has passed.")
     waiting = _flag(WAITING, "It has requests (or a join or shutdown) in flight.")
+    deadlocked = _flag(DEADLOCKED, "Its caller is blocked in a wait, and by its clock nothing new has been "
+                                   "submitted anywhere for the deadlock time.")
 
     @property
     def only_slots(self):

@@ -153,5 +153,19 @@ elif mode == "poll":
     handle = rr.allreduce_async(np.ones(3), name="polled")
     value = rr.synchronize(handle)
     report(done=rr.poll(handle), value=value.tolist())
+elif mode == "deadlock":
+    # Rank r waits in its own allreduce, which no other rank submits; then every rank goes on.
+    started = time.monotonic()
+    try:
+        rr.allreduce(np.ones(3), name=f"only-on-{rank}")
+    except rr.DeadlockError as error:
+        report(error=str(error), seconds=time.monotonic() - started)
+    report(after=rr.allreduce(np.full(2, rank + 1.0), op=rr.Sum, name="after").tolist())
+
+elif mode == "computing":
+    # Rank 1 computes for longer than the deadlock time before it submits: no deadlock.
+    if rank == 1:
+        time.sleep(float(os.environ["RINGREDUCE_DEADLOCK_TIME"]) * 3)
+    report(result=rr.allreduce(np.full(2, rank + 1.0), op=rr.Sum, name="late").tolist())
 else:
     raise SystemExit(f"unknown mode {mode}")
