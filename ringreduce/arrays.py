@@ -8,7 +8,7 @@ from ringreduce.machine.backends import on_device
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)
-    for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
+    for t in (np.bool_, np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64,
               np.float16, np.float32, np.float64)
 )
 # dtype -> name, as the messages carry it (numpy works a dtype's name out anew at every ask).

@@ -82,26 +82,27 @@ def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
 
 
 def scale(source, factor, out=None):
-    """out = source * factor in out's dtype (in place without `out`): the cast to and from a
-    compressed wire dtype happens here too. Integer results are truncated toward zero, as a C
-    cast does."""
+    """out = source * factor in out's dtype (in place without `out`), computed as Horovod computes
+    it, so that scaled results agree with Horovod's bit for bit: float16 and float32 in float32
+    (the factor rounded to float32), float64 and integers in float64, integer results truncated
+    toward zero as a C cast does. The cast to and from a compressed wire dtype happens here too."""
+    target = source if out is None else out
     if factor != 1.0:
-        np.multiply(source, factor, out=source if out is None else out, casting="unsafe")
-    elif out is not None and out is not source:
-        np.copyto(out, source, casting="unsafe")
+        single = source.dtype.kind == "f" and source.dtype.itemsize <= 4
+        np.multiply(source, factor, out=target, dtype=np.float32 if single else np.float64, casting="unsafe")
+    elif target is not source:
+        np.copyto(target, source, casting="unsafe")
 
 
 def scale_result(array, op, size, postscale_factor=1.0):
-    """Turn a reduced sum into the op's result in place: Average divides by the world size.
-
-    Integer averages are floored (numpy's //), which stays exact for every int64.
-    """
-    if op == ReduceOp.AVERAGE:
-        if np.issubdtype(array.dtype, np.integer):
-            np.floor_divide(array, size, out=array)
-        else:
-            np.divide(array, size, out=array)
-    scale(array, postscale_factor)
+    """Turn a reduced sum into the op's result in place. Average of floats is one multiplication by
+    postscale / size, as Horovod's (one rounding); integer averages are floored (numpy's //),
+    which stays exact for every int64, then postscaled."""
+    if op == ReduceOp.AVERAGE and np.issubdtype(array.dtype, np.integer):
+        np.floor_divide(array, size, out=array)
+        scale(array, postscale_factor)
+    else:
+        scale(array, postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor)
 
 
 def identity(op, dtype):
