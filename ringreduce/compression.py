@@ -1,9 +1,12 @@
-"""Compression for the wire: floating arrays travel as float16 and come back in their own dtype.
+"""Compression for the wire, with Horovod's protocol: a compressor's `compress(tensor)` gives
+`(compressed, context)` and `decompress(compressed, context)` the tensor back.
 
-It applies to whole fusion buffers: the cast happens while a tensor is copied into the
-buffer and while it is copied out, so it costs no extra pass. float16 holds magnitudes up
-to 65504; larger values become inf. Scale them down first with prescale_factor (and back up
-with postscale_factor), for example by 1/size, which also keeps the sum of all ranks in range.
+The built-in fp16 (floating arrays travel as float16 and come back in their own dtype) is applied
+by the engine itself, to whole fusion buffers: the cast happens while a tensor is copied into the
+buffer and while it is copied out, so it costs no extra pass. float16 holds magnitudes up to
+65504; larger values become inf. Scale them down first with prescale_factor (and back up with
+postscale_factor), for example by 1/size, which also keeps the sum of all ranks in range.
+A compressor of the user's own runs around the collective in the framework bindings.
 """
 
 import functools
@@ -12,20 +15,43 @@ import numpy as np
 
 
 class Compressor:
-    """Compression.none: every dtype travels as itself."""
+    """Interface for compressing and decompressing a tensor; subclass it with your own. The base
+    compresses nothing."""
 
-    name = "none"
+    name = "none"  # what the engine applies itself, for the built-ins
 
-    def wire_dtype(self, dtype):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+    @staticmethod
+    def wire_dtype(dtype):
         return np.dtype(dtype)
 
 
+class NoneCompressor(Compressor):
+    """Every dtype travels as itself."""
+
+
 class FP16Compressor(Compressor):
-    """Compression.fp16: float32 and float64 travel as float16; other dtypes as themselves."""
+    """Floating arrays travel as float16; other dtypes as themselves."""
 
     name = "fp16"
 
-    def wire_dtype(self, dtype):
+    @staticmethod
+    def compress(tensor):
+        return (tensor.astype(np.float16) if tensor.dtype.kind == "f" else tensor), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.astype(ctx, copy=False)
+
+    @staticmethod
+    def wire_dtype(dtype):
         dtype = np.dtype(dtype)
         return np.dtype(np.float16) if dtype.kind == "f" else dtype
 
@@ -33,8 +59,8 @@ class FP16Compressor(Compressor):
 class Compression:
     """The compressors, under the names Horovod uses."""
 
-    none = Compressor()
-    fp16 = FP16Compressor()
+    none = NoneCompressor
+    fp16 = FP16Compressor
 
 
 _ALL = (Compression.none, Compression.fp16)
@@ -46,6 +72,19 @@ def wire_dtype(compression, dtype):
     """The dtype that arrays of `dtype` travel as under the compression named `compression`
     (asked for every request, so worked out once per pair)."""
     return _BY_NAME[compression].wire_dtype(dtype)
+
+
+def in_engine(compressor, fp16):
+    """The engine's own compression for a binding's compressor when it is a built-in (none, or
+    that binding's `fp16`, by their compress and decompress), else None: a compressor of the
+    user's own, whose compress runs before the collective and decompress after. Anything without
+    compress and decompress is an error."""
+    for built_in, engine_form in ((NoneCompressor, Compression.none), (fp16, Compression.fp16)):
+        if compressor.compress is built_in.compress and compressor.decompress is built_in.decompress:
+            return engine_form
+    if not (callable(getattr(compressor, "compress", None)) and callable(getattr(compressor, "decompress", None))):
+        raise ValueError(f"compression must have compress(tensor) and decompress(tensor, ctx), got {compressor!r}")
+    return None
 
 
 def check(compression):

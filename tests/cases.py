@@ -3,7 +3,7 @@ the numpy reference from them, so both sides see the same arrays for every rank.
 
 import numpy as np
 
-DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64")
 OPS = ("Sum", "Average", "Min", "Max", "Product")
 BOOL_OPS = ("Min", "Max", "Product")
 
@@ -26,7 +26,7 @@ def values(rank, dtype, length, salt=0):
     rng = np.random.default_rng(1_000_003 * rank + 7919 * length + salt)
     if dtype == "bool":
         return rng.random(length) < 0.7
-    low = 0 if dtype == "uint8" else -3
+    low = 0 if dtype.startswith("uint") else -3
     return rng.integers(low, 4, size=length).astype(dtype)
 
 
@@ -41,13 +41,19 @@ def reference_reduce(arrays, op):
     dtype = stacked.dtype
     if op in ("Sum", "Average"):
         total = np.add.reduce(stacked, axis=0, dtype=dtype)
-        if op == "Sum":
-            return total
-        if np.issubdtype(dtype, np.integer):
-            return total // len(arrays)
-        return (total / len(arrays)).astype(dtype)
+        return total if op == "Sum" else average(total, len(arrays))
     ufunc = {"Min": np.minimum, "Max": np.maximum, "Product": np.multiply}[op]
     return ufunc.reduce(stacked, axis=0, dtype=dtype)
+
+
+def average(total, size):
+    """Average from the sum, as ringreduce (and for floats, Horovod) computes it: integers floored,
+    floats multiplied by 1 / size once, float16 and float32 in float32."""
+    if np.issubdtype(total.dtype, np.integer):
+        return total // size
+    single = total.dtype.itemsize <= 4
+    wide = total.astype(np.float32) * np.float32(1 / size) if single else total * (1 / size)
+    return wide.astype(total.dtype)
 
 
 # A fused group as a training step submits it: several lengths, averaged together, most in place.

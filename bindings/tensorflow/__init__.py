@@ -1,5 +1,7 @@
-"""ringreduce for TensorFlow: the collectives on tf.Tensor and tf.Variable (eagerly and inside
-tf.function), DistributedGradientTape and broadcast_variables. Keras: ringreduce.tensorflow.keras.
+"""ringreduce for TensorFlow, with the names, arguments and defaults of horovod.tensorflow: the
+collectives on tf.Tensor and tf.Variable (eagerly, inside tf.function and in tf.compat.v1
+graphs), DistributedGradientTape, DistributedOptimizer and broadcast_variables. Keras:
+ringreduce.tensorflow.keras.
 
     import ringreduce.tensorflow as rr
     rr.init()
@@ -8,15 +10,24 @@ tf.function), DistributedGradientTape and broadcast_variables. Keras: ringreduce
 """
 
 import ringreduce
+from ringreduce.tensorflow.compression import Compression  # noqa: F401
+from ringreduce.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from ringreduce.tensorflow.tensors import (  # noqa: F401
     allgather,
     allreduce,
     alltoall,
     broadcast,
+    broadcast_,
+    grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
+    local_rank_op,
+    local_size_op,
+    rank_op,
     reducescatter,
+    size_op,
 )
-from ringreduce.tensorflow.variables import broadcast_variables  # noqa: F401
+from ringreduce.tensorflow.variables import broadcast_global_variables, broadcast_variables  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)

@@ -1,38 +1,44 @@
-"""DistributedGradientTape: a tf.GradientTape whose gradients are averaged over every rank."""
+"""DistributedGradientTape: a tf.GradientTape whose gradients are averaged over every rank, and
+the gradient averaging that the Keras and TensorFlow optimizers share."""
 
 import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.compression import Compression
 from ringreduce.errors import ranks_text
+from ringreduce.tensorflow import tensors
+from ringreduce.tensorflow.compression import Compression
 
 
-def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients"):
-    """Gradients combined over ranks, submitted together so that they fuse, as one graph node
-    inside a tf.function. None stays None (a variable no rank's loss touched); a gradient that
-    is None on some ranks only is an error on every rank that names the variable and the ranks.
-    tf.IndexedSlices (from embedding lookups) are made dense first, so every rank contributes
-    a tensor of the variable's full shape. `labels` name the gradients in errors."""
-    dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-    present = [i for i, g in enumerate(dense) if g is not None]
-    mask = np.array([[g is not None for g in dense]], dtype=np.uint8)
-
-    def reduce(*arrays):
-        _check_presence(core.allgather(tensor=mask, name=f"{name}.present"), labels, name)
-        return [np.asarray(r) for r in core.grouped_allreduce(tensors=list(arrays), op=op, name=name,
-                                                             compression=compression)]
-
-    inputs = [dense[i] for i in present]
+def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients",
+                        sparse_as_dense=False, gradient_predivide_factor=1.0):
+    """Gradients combined over ranks, submitted together so that they fuse. None stays None (a
+    variable no rank's loss touched); a gradient that is None on some ranks only is a ValueError
+    on every rank that names the variable and the ranks (checked before anything is combined).
+    tf.IndexedSlices (from embedding lookups) are gathered, as Horovod does, or made dense first
+    with `sparse_as_dense`. With Average, `gradient_predivide_factor` f divides by f before the
+    sum and by size / f after it. `labels` name the gradients in errors."""
+    if gradient_predivide_factor != 1.0 and op != core.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    if sparse_as_dense:
+        gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    present = [i for i, g in enumerate(gradients) if g is not None]
+    mask = np.array([[g is not None for g in gradients]], dtype=np.uint8)
+    presence = tensors.allgather(mask, name=f"{name}.present")
     if tf.executing_eagerly():
-        reduced = [tf.convert_to_tensor(r) for r in reduce(*[t.numpy() for t in inputs])]
+        _check_presence(presence.numpy(), labels, name)
+        checked = []
     else:
-        reduced = tf.numpy_function(reduce, inputs, [t.dtype for t in inputs], stateful=True) if inputs else []
-        for result, tensor in zip(reduced, inputs, strict=True):
-            result.set_shape(tensor.shape)
-    result = list(dense)
-    for index, value in zip(present, reduced, strict=True):
-        result[index] = value
+        checked = [tf.numpy_function(lambda p: _check_presence(p, labels, name) or np.int8(0), [presence], tf.int8,
+                                     stateful=True)]
+    result = list(gradients)
+    if present:
+        with tf.control_dependencies(checked):
+            reduced = tensors.grouped_allreduce([gradients[i] for i in present], compression=compression, op=op,
+                                                prescale_factor=1.0 / gradient_predivide_factor,
+                                                postscale_factor=gradient_predivide_factor, name=name)
+        for index, value in zip(present, reduced, strict=True):
+            result[index] = value
     return result
 
 
@@ -47,8 +53,19 @@ def _check_presence(presence, labels, name):
             f"{ranks_text(having)}; every rank's loss must depend on the same variables")
 
 
+def check_groups(num_groups, groups):
+    """Horovod's explicit gradient groups: checked, and needing nothing more, because the engine
+    fuses every gradient that is ready in a cycle."""
+    if not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be a whole number of at least 0, got {num_groups!r}")
+    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
+        raise ValueError("groups should be a positive number or a list of lists of tf.Variable")
+
+
 class DistributedGradientTape:
-    """Wraps a tf.GradientTape: `gradient()` returns the gradients averaged over ranks (by `op`).
+    """Wraps a tf.GradientTape: `gradient()` returns the gradients averaged over ranks (by `op`),
+    except those of sources registered with `register_local_source`, which stay this rank's
+    (divided by the size with `scale_local_gradients`, as Horovod).
 
         with tf.GradientTape() as tape:
             loss = ...
@@ -58,18 +75,35 @@ class DistributedGradientTape:
     Every rank must ask for the gradients of the same sources in the same order.
     """
 
-    def __init__(self, tape, compression=Compression.none, op=core.Average, name="DistributedGradientTape"):
-        self._tape = tape
-        self.compression = compression
-        self.op = op
-        self.name = name
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                 sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 scale_local_gradients=True):
+        check_groups(num_groups, groups)
+        if gradient_predivide_factor != 1.0 and op != core.Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        self._tape = gradtape
+        self.compression, self.op, self.sparse_as_dense = compression, op, sparse_as_dense
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources = set()
+
+    def register_local_source(self, source):
+        """Keep this source's gradient local: not combined over ranks."""
+        self._local_sources.add(id(source))
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         gradients = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        flat_sources, flat = tf.nest.flatten(sources), tf.nest.flatten(gradients)
+        shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
         labels = [getattr(s, "path", None) or getattr(s, "name", None) or f"source {i}"
-                  for i, s in enumerate(tf.nest.flatten(sources))]
-        reduced = allreduce_gradients(tf.nest.flatten(gradients), labels, self.op, self.compression, self.name)
-        return tf.nest.pack_sequence_as(gradients, reduced)
+                  for i, s in enumerate(flat_sources)]
+        reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
+                                      self.compression, "DistributedGradientTape", self.sparse_as_dense,
+                                      self.gradient_predivide_factor)
+        result = [g / core.size() if g is not None and self.scale_local_gradients else g for g in flat]
+        for index, value in zip(shared, reduced, strict=True):
+            result[index] = value
+        return tf.nest.pack_sequence_as(gradients, result)
 
     def __getattr__(self, attribute):  # watch(), stop_recording(), reset(), ...
         return getattr(self._tape, attribute)

@@ -1,106 +1,211 @@
-"""The collectives on TensorFlow tensors and variables, in eager mode and inside tf.function.
+"""The collectives on TensorFlow tensors and variables, with horovod.tensorflow's signatures,
+eagerly, inside tf.function and in tf.compat.v1 graphs.
 
-Eagerly, a tensor reaches the core as `tensor.numpy()`. Inside a tf.function the call becomes a
-`tf.numpy_function` node with the static shape set on its output, so graphs keep their shapes;
-these nodes are stateful, so TensorFlow runs them in program order, the same on every rank.
-A collective without a name inside a graph is named after its input tensor, which is the same
-on every rank that traces the same code.
+Eagerly, a tensor reaches the core as `tensor.numpy()`. In a graph the call becomes one stateful
+`tf.numpy_function` node with the static shape set on its outputs, so graphs keep their shapes.
+Each such node runs after the graph's previous collective node (a control dependency), so every
+rank runs them in program order even where nothing else orders them (a tf.compat.v1 graph, whose
+inter-op threads would otherwise block in different collectives on different ranks). A
+collective without a name inside a graph is named after its input tensor, which is the same on
+every rank that builds the same graph.
+
+`device_dense` and `device_sparse` are accepted: the engine runs the collectives where their
+arrays live. Names are never prefixed by the name scope, so `ignore_name_scope` changes nothing.
 """
+
+import contextlib
+import weakref
 
 import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.compression import Compression
+from ringreduce import compression as wire
+from ringreduce import ops
+from ringreduce.tensorflow.compression import Compression, in_engine
+
+_last_collective = weakref.WeakKeyDictionary()  # graph -> its latest collective node
 
 
-def allreduce(tensor, op=None, name=None, compression=Compression.none, prescale_factor=1.0, postscale_factor=1.0):
-    """Combine the tensor of every rank element-wise (Average by default); every rank gets the result."""
-    op = core.Average if op is None else op
-    return _bridge(lambda array, name: core.allreduce(
-        tensor=array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        compression=compression), tensor, name, "allreduce", same_shape=True)
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
+    """Combine `tensor` over every rank (Average by default). A tf.IndexedSlices is gathered
+    instead (its values and indices), Average dividing the values by the size, as Horovod."""
+    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
+                             postscale_factor, ignore_name_scope, name)[0]
 
 
-def grouped_allreduce(tensors, op=None, name=None, compression=Compression.none, prescale_factor=1.0,
-                      postscale_factor=1.0):
-    """allreduce of a list of tensors, submitted together so that they fuse; one graph node."""
-    op = core.Average if op is None else op
-    tensors = [_value(t) for t in tensors]
-    if not tensors:
-        return []
-    # Eagerly the core names an unnamed group; a graph's node needs its name when it is traced.
-    base = name if name or tf.executing_eagerly() else _graph_name(tensors[0], "grouped_allreduce")
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False, name=None):
+    """allreduce of several tensors submitted together, so that they fuse; one graph node."""
+    op = ops.from_average(op, average)
+    tensors = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i in range(len(tensors)) if i not in sparse]
+    results = [None] * len(tensors)
+    if sparse:
+        gathered = _gathered_slices([tensors[i] for i in sparse], op, prescale_factor, postscale_factor, name)
+        for index, result in zip(sparse, gathered, strict=True):
+            results[index] = result
+    if dense:
+        values = [_value(tensors[i]) for i in dense]
 
-    def run(*arrays):
-        return [np.asarray(r) for r in core.grouped_allreduce(
-            tensors=list(arrays), op=op, name=base, prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor, compression=compression)]
+        def collective(arrays, engine, base):
+            return core.grouped_allreduce(tensors=arrays, op=op, name=base, prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor, compression=engine)
 
-    if tf.executing_eagerly():
-        return [tf.convert_to_tensor(r) for r in run(*[t.numpy() for t in tensors])]
-    results = tf.numpy_function(run, tensors, [t.dtype for t in tensors], stateful=True)
-    for result, tensor in zip(results, tensors, strict=True):
-        result.set_shape(tensor.shape)
-    return list(results)
-
-
-def allgather(tensor, name=None):
-    """Concatenate every rank's tensor along the first dimension (which may differ by rank)."""
-    return _bridge(lambda array, name: core.allgather(tensor=array, name=name), tensor, name, "allgather",
-                   same_shape=False, rows_unknown=True)
+        reduced = _compressed(compression, values, lambda ts, engine: _run(
+            "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts)))
+        for index, result in zip(dense, reduced, strict=True):
+            results[index] = result
+    return results
 
 
-def broadcast(tensor, root_rank, name=None):
-    """Every rank gets the root rank's tensor."""
-    return _bridge(lambda array, name: core.broadcast(tensor=array, root_rank=root_rank, name=name), tensor, name,
-                   "broadcast", same_shape=True)
+def allgather(tensor, name=None, ignore_name_scope=False):
+    """Every rank's tensor concatenated along the first dimension (which may differ by rank)."""
+    return grouped_allgather([tensor], name, ignore_name_scope)[0]
 
 
-def alltoall(tensor, splits=None, name=None):
-    """Send block j of the first dimension to rank j; without `splits` it is divided equally.
-    With `splits` the result is (tensor, rows received from each rank), as Horovod."""
+def grouped_allgather(tensors, name=None, ignore_name_scope=False):
+    values = [_value(t) for t in tensors]
+    return _run("allgather", name, values, lambda arrays, base: core.grouped_allgather(tensors=arrays, name=base),
+                _rows_unknown(values))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False):
+    """The root rank's tensor, on every rank."""
+    values = [_value(tensor)]
+    return _run("broadcast", name, values,
+                lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base)],
+                _same_shapes(values))[0]
+
+
+def broadcast_(variables, root_rank, name=None):
+    """Assign the root rank's values to every rank's variables; returns the variables."""
+    variables = list(variables)
+    for index, variable in enumerate(variables):
+        variable.assign(broadcast(variable, root_rank, name=None if name is None else f"{name}.{index}"))
+    return variables
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
+    """Block j of the first dimension to rank j; without `splits` it is divided equally. With
+    `splits` the result is (tensor, rows received from each rank), as Horovod."""
+    values = [_value(tensor)]
     if splits is None:
-        return _bridge(lambda array, name: core.alltoall(tensor=array, name=name), tensor, name, "alltoall",
-                       same_shape=False, rows_unknown=True)
-    tensor = _value(tensor)
-    splits = tf.convert_to_tensor(splits, dtype=tf.int64)
-    name = name or (None if tf.executing_eagerly() else _graph_name(tensor, "alltoall"))
+        return _run("alltoall", name, values, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base)],
+                    _rows_unknown(values))[0]
+    values.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
 
-    def run(array, counts):
-        result, received = core.alltoall(tensor=array, splits=counts.tolist(), name=name)
-        return np.asarray(result), np.asarray(received, dtype=np.int64)
+    def collective(arrays, base):
+        result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist(), name=base)
+        return [result, np.asarray(received, dtype=np.int64)]
 
-    if tf.executing_eagerly():
-        result, received = run(tensor.numpy(), splits.numpy())
-        return tf.convert_to_tensor(result), tf.convert_to_tensor(received)
-    result, received = tf.numpy_function(run, [tensor, splits], [tensor.dtype, tf.int64], stateful=True)
-    result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-    received.set_shape([core.size()])
+    result, received = _run("alltoall", name, values, collective,
+                            _rows_unknown(values[:1]) + [tf.TensorShape([core.size()])])
     return result, received
 
 
-def reducescatter(tensor, op=None, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Combine, then each rank keeps its share of the first dimension (the first ranks one more row)."""
-    op = core.Average if op is None else op
-    return _bridge(lambda array, name: core.reducescatter(
-        tensor=array, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor),
-                   tensor, name, "reducescatter", same_shape=False, rows_unknown=True)
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=core.Average, name=None,
+                  ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+    """Combine every rank's tensor; this rank keeps its share of the first dimension (the first
+    ranks one row more where it does not divide evenly)."""
+    return _grouped_reducescatter([tensor], compression, op, prescale_factor, postscale_factor, name)[0]
 
 
-def _bridge(collective, tensor, name, kind, same_shape, rows_unknown=False):
-    """Run `collective(array, name)` on the tensor's values, eagerly or as a graph node."""
-    tensor = _value(tensor)
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=core.Average,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    return _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, None)
+
+
+def size_op(process_set_id=0, name=None):
+    """The number of ranks, as a tensor (Horovod's op; only the global set's id, 0, exists here)."""
+    if process_set_id != 0:
+        raise ValueError(f"process set {process_set_id} does not exist: process sets are not offered yet")
+    return tf.constant(core.size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(core.local_size(), dtype=tf.int32, name=name)
+
+
+def rank_op(name=None):
+    return tf.constant(core.rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(core.local_rank(), dtype=tf.int32, name=name)
+
+
+def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, name):
+    values = [_value(t) for t in tensors]
+
+    def collective(arrays, base):
+        return core.grouped_reducescatter(tensors=arrays, op=op, name=base, prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor)
+
+    if in_engine(compression) is wire.Compression.none:
+        return _run("reducescatter", name, values, collective, _rows_unknown(values))
+    packed = [compression.compress(t) for t in values]  # the engine's reducescatter has no cast of its own
+    reduced = _run("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(values))
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
+
+
+def _gathered_slices(slices, op, prescale_factor, postscale_factor, name):
+    """tf.IndexedSlices combined over ranks as Horovod does: every rank's values and indices
+    gathered (the same index may then appear several times; applying them adds them up)."""
+    if op not in (core.Sum, core.Average):
+        raise ValueError("only Sum and Average combine tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise ValueError("prescale_factor and postscale_factor do not apply to tf.IndexedSlices")
+    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices],
+                                 name=None if name is None else f"{name}.slices")
+    values, indices = gathered[:len(slices)], gathered[len(slices):]
+    if op == core.Average:
+        values = [v / tf.cast(core.size(), v.dtype) for v in values]
+    return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices, strict=True)]
+
+
+def _compressed(compression, values, run):
+    """run(tensors, engine compression): the built-ins are the engine's own; a compressor of the
+    user's own compresses before the collective and decompresses after."""
+    engine = in_engine(compression)
+    if engine is not None:
+        return run(values, engine)
+    packed = [compression.compress(t) for t in values]
+    results = run([t for t, _ in packed], wire.Compression.none)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
+
+
+def _run(kind, name, values, collective, shapes):
+    """collective(arrays, name) -> arrays, on the tensors' values: eagerly, or as one graph node
+    (named after the first input where no name is given) that runs after the graph's previous
+    collective node. Eagerly a ringreduce error is raised as TensorFlow's ops raise theirs too."""
     if tf.executing_eagerly():
-        return tf.convert_to_tensor(collective(tensor.numpy(), name))
-    name = name or _graph_name(tensor, kind)
-    result = tf.numpy_function(lambda array: np.asarray(collective(array, name)), [tensor], tensor.dtype,
-                               stateful=True)
-    if same_shape:
-        result.set_shape(tensor.shape)
-    elif rows_unknown and tensor.shape.rank is not None:
-        result.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-    return result
+        with raised_as_tensorflow_errors():
+            results = collective([v.numpy() for v in values], name)
+        return [tf.convert_to_tensor(np.asarray(r)) for r in results]
+    name = name or f"{kind}.{values[0].name}"
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        # Every collective's outputs have its inputs' dtypes (alltoall's splits: int64 both ways).
+        results = tf.numpy_function(lambda *arrays: [np.asarray(r) for r in collective(list(arrays), name)],
+                                    values, [v.dtype for v in values], stateful=True)
+    results = results if isinstance(results, list) else [results]
+    _last_collective[graph] = results[0].op
+    for result, shape in zip(results, shapes, strict=True):
+        result.set_shape(shape)
+    return results
+
+
+def _same_shapes(values):
+    return [v.shape for v in values]
+
+
+def _rows_unknown(values):
+    return [tf.TensorShape([None]).concatenate(v.shape[1:]) if v.shape.rank is not None else tf.TensorShape(None)
+            for v in values]
 
 
 def _value(tensor):
@@ -110,6 +215,22 @@ def _value(tensor):
     return tf.convert_to_tensor(tensor)
 
 
-def _graph_name(tensor, kind):
-    """A name that every rank tracing the same code gives this collective."""
-    return f"{kind}.{tensor.name}"
+_ERROR_CLASSES = {}
+
+
+@contextlib.contextmanager
+def raised_as_tensorflow_errors():
+    """A ringreduce error raised as a class that is both its own and TensorFlow's op error
+    (tf.errors.InvalidArgumentError for bad arguments, tf.errors.UnknownError otherwise), so
+    that `except tf.errors.OpError` catches it, as it catches Horovod's, and so does `except
+    rr.MismatchError`."""
+    try:
+        yield
+    except (core.RingReduceError, ValueError, TypeError) as error:
+        base = tf.errors.InvalidArgumentError if isinstance(error, (ValueError, TypeError)) else tf.errors.UnknownError
+        kind = _ERROR_CLASSES.get(type(error))
+        if kind is None:
+            kind = _ERROR_CLASSES[type(error)] = type(type(error).__name__, (type(error), base),
+                                                      {"__init__": base.__init__, "__str__": base.__str__,
+                                                       "__module__": type(error).__module__})
+        raise kind(None, None, str(error)) from error

@@ -37,7 +37,9 @@ if mode == "tape":
 else:
     passes = 2 if mode == "fit2" else 1
     net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
-                                                  backward_passes_per_step=passes), loss=loss_fn)
-    # With k passes per step, k batches of 1/k the rows make one step of the same global batch.
+                                                  backward_passes_per_step=passes,
+                                                  average_aggregated_gradients=True), loss=loss_fn)
+    # With k passes per step, k batches of 1/k the rows make one step of the same global batch
+    # (their gradients averaged, not summed as Horovod's default).
     net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)
 np.savez(os.path.join(out, f"rank{rr.rank()}.npz"), *[v.numpy() for v in net.trainable_variables])

@@ -1,4 +1,5 @@
-"""ringreduce for Keras (Keras 3 on TensorFlow): data-parallel model.fit in two lines.
+"""ringreduce for Keras (Keras 3 on TensorFlow), with the names, arguments and defaults of
+horovod.tensorflow.keras: data-parallel model.fit in two lines.
 
     import ringreduce.tensorflow.keras as rr
     rr.init()
@@ -7,9 +8,12 @@
 """
 
 from ringreduce.tensorflow import *  # noqa: F403 - everything of ringreduce.tensorflow, as Horovod's keras module
+from ringreduce.tensorflow.keras import callbacks  # noqa: F401
 from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
 from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401
+from ringreduce.tensorflow.keras.values import allgather, allreduce, broadcast, reducescatter  # noqa: F401

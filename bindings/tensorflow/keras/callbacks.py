@@ -12,7 +12,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     state, so that ranks initialised differently train the same model. A model that is not built
     yet at that point is broadcast after its first batch instead."""
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, device=""):
         super().__init__()
         self.root_rank = root_rank
         self.done = False
@@ -39,6 +39,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """At the end of every epoch, replace each logged metric by its average over ranks (each rank
     measured it on its own shard). Put it before callbacks that read the metrics."""
 
+    def __init__(self, device=""):
+        super().__init__()
+
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
@@ -49,38 +52,59 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[name] = value
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to initial_lr * multiplier from `start_epoch` until `end_epoch`
+    (exclusive; None: to the end), as Horovod's callback: `multiplier` is a number or a function
+    of the epoch, given once per epoch with `staircase`, else batch by batch with fractional
+    epochs. `momentum_correction` is Horovod's argument; Keras 3 keeps the momentum inside its
+    compiled step, so there is nothing to correct, and it is accepted."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr, self.start_epoch, self.end_epoch = initial_lr, start_epoch, end_epoch
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.staircase, self.steps_per_epoch = staircase, steps_per_epoch
+        self.epoch = 0
+
+    def _in_schedule(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        if self.staircase and self._in_schedule(epoch):
+            self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase and self._in_schedule(self.epoch):
+            steps = self.steps_per_epoch or self.params.get("steps") or 1
+            self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(self.epoch + batch / steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramp the learning rate up from initial_lr / size to initial_lr over the first
     `warmup_epochs` epochs, batch by batch (Goyal et al., as Horovod's callback): large
     effective batches train badly with the full rate from the first step. `initial_lr` is the
     rate after warm-up, usually the single-process rate times size()."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, steps_per_epoch=None, verbose=0):
-        super().__init__()
-        self.initial_lr = initial_lr
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__(initial_lr, self.warmup_multiplier, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs
-        self.steps_per_epoch = steps_per_epoch
         self.verbose = verbose
-        self.epoch = 0
 
-    def multiplier(self, epoch):
+    def warmup_multiplier(self, epoch):
         """The share of initial_lr at a (fractional) epoch."""
         size = core.size()
         return 1.0 / size * (min(epoch, self.warmup_epochs) * (size - 1) / self.warmup_epochs + 1)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.epoch >= self.warmup_epochs:
-            return
-        steps = self.steps_per_epoch or self.params.get("steps") or 1
-        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(self.epoch + batch / steps)
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch == self.warmup_epochs - 1:
             self.model.optimizer.learning_rate = self.initial_lr
             if self.verbose and core.rank() == 0:
                 print(f"Epoch {epoch + 1}: finished the learning rate warm-up at {self.initial_lr:g}")
-        if logs is not None:
-            logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        super().on_epoch_end(epoch, logs)

@@ -1,35 +1,43 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
 import ringreduce as core
-from ringreduce.compression import Compression
-from ringreduce.tensorflow.tape import allreduce_gradients
+from ringreduce.tensorflow.compression import Compression
+from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
 
 
-def DistributedOptimizer(optimizer, compression=Compression.none, backward_passes_per_step=1, op=core.Average,
-                         name=None):
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
+                         scale_local_gradients=True):
     """Wrap a Keras optimizer: it averages the gradients over ranks, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
         model.compile(optimizer=optimizer, loss=...)
 
     The result is a new optimizer of a subclass of the original's class, made from its config.
-    `backward_passes_per_step=k` applies the mean of k batches' gradients once every k batches
-    (through Keras's own gradient accumulation); each batch's gradients are averaged over ranks
-    as they come, so the update is the same as Horovod's, with k times its communication.
+    With `backward_passes_per_step=k` the gradients of k batches are applied once every k batches
+    (through Keras's own gradient accumulation): their sum, as Horovod's, or their mean with
+    `average_aggregated_gradients`. Each batch's gradients are averaged over ranks as they come:
+    the same update as Horovod's, with k times its communication.
     """
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    check_groups(num_groups, groups)
     base = type(optimizer)
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
         config["gradient_accumulation_steps"] = backward_passes_per_step
+    # Keras applies the mean of the accumulated gradients; Horovod's default applies their sum.
+    summed = backward_passes_per_step if backward_passes_per_step > 1 and not average_aggregated_gradients else 1
     label = name or f"DistributedOptimizer.{base.__name__}"
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        """Keras calls this with the gradients it is about to apply (after its accumulation over
-        backward passes, if any): average them over ranks first."""
+        """Keras calls this with each batch's gradients before it accumulates or applies them:
+        average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
-        grads = allreduce_gradients(list(grads), labels, op, compression, label)
+        grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
+                                    gradient_predivide_factor)
+        grads = [g * summed if g is not None and summed != 1 else g for g in grads]
         return super(distributed, self)._backend_apply_gradients(grads, trainable_variables)
 
     distributed = type(base.__name__, (base,), {"_backend_apply_gradients": _backend_apply_gradients,

@@ -1,0 +1,29 @@
+"""Compression of TensorFlow tensors for the wire, with Horovod's protocol (ringreduce.compression):
+a compressor of the user's own runs around the collective; the built-in fp16 casts inside the
+engine instead."""
+
+import tensorflow as tf
+from ringreduce import compression as wire
+from ringreduce.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
+
+
+class FP16Compressor(wire.FP16Compressor):
+    """Floating tensors travel as float16 and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        return (tf.cast(tensor, tf.float16) if tensor.dtype.is_floating else tensor), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tf.cast(tensor, ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def in_engine(compression):
+    """The engine's own compression for the built-ins; None for a compressor of the user's own."""
+    return wire.in_engine(compression, FP16Compressor)

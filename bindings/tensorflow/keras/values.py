@@ -1,0 +1,34 @@
+"""horovod.tensorflow.keras's collectives on values: anything tf.constant takes in, numpy values
+out (Horovod evaluates them with the Keras backend). A tf.Tensor (also inside a tf.function)
+gives a tensor, as ringreduce.tensorflow's collectives do."""
+
+import ringreduce as core
+import tensorflow as tf
+from ringreduce.tensorflow import tensors
+from ringreduce.tensorflow.compression import Compression
+
+
+def allreduce(value, name=None, average=True, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none):
+    """The average (or, with `average=False` or `op`, the op) of `value` over every rank."""
+    op = op if op is not None else core.Average if average else core.Sum
+    return _on_value(lambda t: tensors.allreduce(t, compression=compression, op=op, prescale_factor=prescale_factor,
+                                                 postscale_factor=postscale_factor, name=name), value)
+
+
+def allgather(value, name=None):
+    return _on_value(lambda t: tensors.allgather(t, name=name), value)
+
+
+def broadcast(value, root_rank, name=None):
+    return _on_value(lambda t: tensors.broadcast(t, root_rank, name=name), value)
+
+
+def reducescatter(value, name=None, op=core.Average):
+    return _on_value(lambda t: tensors.reducescatter(t, op=op, name=name), value)
+
+
+def _on_value(collective, value):
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return collective(value)
+    return collective(tf.constant(value)).numpy()

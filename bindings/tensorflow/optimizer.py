@@ -1,0 +1,62 @@
+"""DistributedOptimizer for TensorFlow: a tf.compat.v1 optimizer whose compute_gradients()
+averages the gradients over every rank, or for a Keras optimizer the Keras one."""
+
+import keras
+
+import ringreduce as core
+import tensorflow as tf
+from ringreduce.tensorflow.compression import Compression
+from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
+
+
+class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
+    """Wraps a tf.compat.v1.train.Optimizer; everything but compute_gradients is the wrapped one's."""
+
+    def __init__(self, optimizer, name, use_locking, compression, sparse_as_dense, op, gradient_predivide_factor):
+        super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
+        self._optimizer = optimizer
+        self._combine = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                             gradient_predivide_factor=gradient_predivide_factor)
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's gradients, averaged over ranks."""
+        gradients, variables = zip(*self._optimizer.compute_gradients(*args, **kwargs), strict=True)
+        averaged = allreduce_gradients(list(gradients), [v.name for v in variables], name=self.get_name(),
+                                       **self._combine)
+        return list(zip(averaged, variables, strict=True))
+
+    def apply_gradients(self, *args, **kwargs):
+        return self._optimizer.apply_gradients(*args, **kwargs)
+
+    def get_slot(self, *args, **kwargs):
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        return self._optimizer.variables(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=core.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, scale_local_gradients=True):
+    """`optimizer` with its gradients averaged over every rank: a tf.compat.v1.train.Optimizer, or a
+    Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
+    check_groups(num_groups, groups)
+    if gradient_predivide_factor != 1.0 and op != core.Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer as keras_optimizer
+
+        return keras_optimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
+                               average_aggregated_gradients=average_aggregated_gradients)
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise ValueError(f"expected a tf.compat.v1.train.Optimizer or a Keras optimizer, got {optimizer!r}")
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1 needs a Keras optimizer")
+    return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
+                                 gradient_predivide_factor)
