@@ -1,14 +1,18 @@
-"""horovod.torch's public calls, written down from Horovod's API documentation (v0.28) as data,
-against ringreduce.torch's: the same parameter names in the same order, and Horovod's defaults
-where Horovod has one (ringreduce may add a default where Horovod has none: that breaks no call).
-`process_set=` is left out everywhere: process sets are not offered yet (docs/horovod.md)."""
+"""horovod.torch's, horovod.tensorflow's and horovod.tensorflow.keras's public calls, written
+down from Horovod's API documentation (v0.28) as data, against ringreduce's bindings: the same
+parameter names in the same order, and Horovod's defaults where Horovod has one (ringreduce may
+add a default where Horovod has none: that breaks no call). `process_set=` is left out
+everywhere: process sets are not offered yet (docs/horovod.md)."""
 
 import inspect
 
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
 
+import ringreduce.tensorflow as rr_tf  # noqa: E402
+import ringreduce.tensorflow.keras as rr_keras  # noqa: E402
 import ringreduce.torch as rr  # noqa: E402
 
 ALLREDUCE = "tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0"
@@ -62,21 +66,80 @@ HOROVOD_TORCH = {
                             "backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0, "
                             "groups=None, sparse_as_dense=False",
 }
+# Shared by every binding (the calls that take no tensors).
+NEUTRAL = {name: HOROVOD_TORCH[name] for name in (
+    "join", "barrier", "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "rank",
+    "local_size", "local_rank", "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
+    "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "broadcast_object", "allgather_object")}
+HOROVOD_TENSORFLOW = {
+    **NEUTRAL,
+    "allreduce": "tensor, average=None, device_dense='', device_sparse='', compression=Compression.none, op=None, "
+                 "prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False",
+    "grouped_allreduce": "tensors, average=None, device_dense='', device_sparse='', compression=Compression.none, "
+                         "op=None, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False, name=None",
+    "allgather": "tensor, name=None, ignore_name_scope=False",
+    "grouped_allgather": "tensors, name=None, ignore_name_scope=False",
+    "broadcast": "tensor, root_rank, name=None, ignore_name_scope=False",
+    "broadcast_": "variables, root_rank, name=None",
+    "alltoall": "tensor, splits=None, name=None, ignore_name_scope=False",
+    "reducescatter": "tensor, device_dense='', compression=Compression.none, op=Average, name=None, "
+                     "ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0",
+    "grouped_reducescatter": "tensors, device_dense='', compression=Compression.none, op=Average, "
+                             "prescale_factor=1.0, postscale_factor=1.0",
+    "size_op": "process_set_id=0, name=None",
+    "local_size_op": "name=None",
+    "rank_op": "name=None",
+    "local_rank_op": "name=None",
+    "broadcast_variables": "variables, root_rank, inplace=False",
+    "broadcast_global_variables": "root_rank",
+    "DistributedOptimizer": "optimizer, name=None, use_locking=False, device_dense='', device_sparse='', "
+                            "compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1, "
+                            "op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False, "
+                            "num_groups=0, groups=None, scale_local_gradients=True",
+    "DistributedGradientTape": "gradtape, device_dense='', device_sparse='', compression=Compression.none, "
+                               "sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0, "
+                               "groups=None, scale_local_gradients=True",
+}
+HOROVOD_KERAS = {
+    **NEUTRAL,
+    "allreduce": "value, name=None, average=True, prescale_factor=1.0, postscale_factor=1.0, op=None, "
+                 "compression=Compression.none",
+    "allgather": "value, name=None",
+    "broadcast": "value, root_rank, name=None",
+    "reducescatter": "value, name=None, op=Average",
+    "broadcast_global_variables": "root_rank",
+    "DistributedOptimizer": "optimizer, name=None, device_dense='', device_sparse='', compression=Compression.none, "
+                            "sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, "
+                            "backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, "
+                            "groups=None, scale_local_gradients=True",
+    "BroadcastGlobalVariablesCallback": "root_rank, device=''",
+    "MetricAverageCallback": "device=''",
+    "LearningRateScheduleCallback": "initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True, "
+                                    "momentum_correction=True, steps_per_epoch=None",
+    "LearningRateWarmupCallback": "initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, "
+                                  "verbose=0",
+}
+BINDINGS = {"torch": (rr, HOROVOD_TORCH), "tensorflow": (rr_tf, HOROVOD_TENSORFLOW),
+            "keras": (rr_keras, HOROVOD_KERAS)}
 HOROVOD_TORCH_NAMES = ("Compression", "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
                        "SyncBatchNorm")
 
 
-def horovod_parameters(text):
+def horovod_parameters(text, binding):
     """[(name, default or inspect.Parameter.empty)] of a parameter list as Horovod documents it."""
-    namespace = {"Compression": rr.Compression, "Average": rr.Average}
+    namespace = {"Compression": binding.Compression, "Average": binding.Average}
     signature = inspect.signature(eval(f"lambda {text}: None", namespace))  # noqa: S307 - the table above
     return [(p.name, p.default) for p in signature.parameters.values()]
 
 
-@pytest.mark.parametrize("call", sorted(HOROVOD_TORCH))
-def test_every_call_takes_horovods_parameters_in_horovods_order(call):
-    ours = list(inspect.signature(getattr(rr, call)).parameters.values())
-    theirs = horovod_parameters(HOROVOD_TORCH[call])
+@pytest.mark.parametrize("binding, call", [(b, c) for b, (_, table) in BINDINGS.items() for c in sorted(table)])
+def test_every_call_takes_horovods_parameters_in_horovods_order(binding, call):
+    module, table = BINDINGS[binding]
+    target = getattr(module, call)
+    ours = list(inspect.signature(target.__init__ if inspect.isclass(target) else target).parameters.values())
+    ours = [p for p in ours if p.name != "self"]
+    theirs = horovod_parameters(table[call], module)
     assert [p.name for p in ours] == [name for name, _ in theirs]
     for parameter, (name, default) in zip(ours, theirs, strict=True):
         if default is not inspect.Parameter.empty:
@@ -85,5 +148,6 @@ def test_every_call_takes_horovods_parameters_in_horovods_order(call):
 
 def test_horovods_other_public_names_are_there():
     assert all(hasattr(rr, name) for name in HOROVOD_TORCH_NAMES)
+    assert all(hasattr(module, name) for module in (rr_tf, rr_keras) for name in HOROVOD_TORCH_NAMES[:-1])
     assert issubclass(rr.HorovodInternalError, RuntimeError)
     assert issubclass(rr.MismatchError, rr.HorovodInternalError)

@@ -31,15 +31,20 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
               prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
     """Combine `tensor` over every rank (Average by default). A tf.IndexedSlices is gathered
     instead (its values and indices), Average dividing the values by the size, as Horovod."""
-    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
-                             postscale_factor, ignore_name_scope, name)[0]
+    return _combined([tensor], ops.from_average(op, average), compression, prescale_factor, postscale_factor, name,
+                     grouped=False)[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False, name=None):
     """allreduce of several tensors submitted together, so that they fuse; one graph node."""
-    op = ops.from_average(op, average)
-    tensors = list(tensors)
+    return _combined(list(tensors), ops.from_average(op, average), compression, prescale_factor, postscale_factor,
+                     name, grouped=True)
+
+
+def _combined(tensors, op, compression, prescale_factor, postscale_factor, name, grouped):
+    """Dense tensors allreduced (as one group, or one alone under `name` itself), tf.IndexedSlices
+    gathered."""
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i in range(len(tensors)) if i not in sparse]
     results = [None] * len(tensors)
@@ -51,8 +56,11 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         values = [_value(tensors[i]) for i in dense]
 
         def collective(arrays, engine, base):
-            return core.grouped_allreduce(tensors=arrays, op=op, name=base, prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor, compression=engine)
+            scaling = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                           compression=engine)
+            if grouped:
+                return core.grouped_allreduce(tensors=arrays, name=base, **scaling)
+            return [core.allreduce(tensor=arrays[0], name=base, **scaling)]
 
         reduced = _compressed(compression, values, lambda ts, engine: _run(
             "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts)))

@@ -4,7 +4,7 @@ import tensorflow as tf
 from ringreduce.tensorflow import tensors
 
 
-def broadcast_variables(variables, root_rank=0, inplace=False, name="broadcast_variables"):
+def broadcast_variables(variables, root_rank=0, inplace=False):
     """Assign the root rank's values to every rank's variables (in one call per variable, named
     by position, so every rank must pass the same variables in the same order). `inplace` is
     Horovod's choice of kernel; the values assigned are the same either way."""
@@ -12,7 +12,7 @@ def broadcast_variables(variables, root_rank=0, inplace=False, name="broadcast_v
     for index, variable in enumerate(variables):
         if not isinstance(variable, tf.Variable) and not hasattr(variable, "assign"):
             raise TypeError(f"broadcast_variables: item {index} is a {type(variable).__name__}, not a variable")
-    return tensors.broadcast_(variables, root_rank, name=name)
+    return tensors.broadcast_(variables, root_rank, name="broadcast_variables")
 
 
 def broadcast_global_variables(root_rank):

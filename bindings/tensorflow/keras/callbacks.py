@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 import ringreduce as core
-from ringreduce.tensorflow.variables import broadcast_variables
+from ringreduce.tensorflow.tensors import broadcast_
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -29,9 +29,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        broadcast_variables(self.model.variables, self.root_rank, name="keras.model")
+        broadcast_(self.model.variables, self.root_rank, name="keras.model")
         if optimizer is not None:
-            broadcast_variables(optimizer.variables, self.root_rank, name="keras.optimizer")
+            broadcast_(optimizer.variables, self.root_rank, name="keras.optimizer")
         self.done = True
 
 

@@ -1,0 +1,50 @@
+"""horovod.tensorflow's behaviour under ringreduce.tensorflow at 1, 2 and 3 ranks, through rrun
+and MPI, each result compared with a reference computed here."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from launch import run_job  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_horovod_style_tensorflow(np_, tmp_path):
+    job = run_job(np_, "horovod_tf.py", tmp_path, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    x = [np.arange(6, dtype=np.float32) * (r + 1) for r in range(np_)]
+    total = sum(x)
+    for rank in range(np_):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        np.testing.assert_allclose(got["positional"], total)
+        np.testing.assert_allclose(got["average-false"], total)
+        assert got["warned"] == [True]
+        np.testing.assert_allclose(got["compressed"], total)
+        np.testing.assert_allclose(got["fp16"], total, rtol=1e-3)
+        for dtype in ("int32", "int64"):
+            assert got[f"dtypes-{dtype}"] == dict.fromkeys(
+                ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter"), dtype)
+        # Every rank's slices gathered, values divided by the size (Average); applied, they add up.
+        assert got["slices"]["indices"] == [i for r in range(np_) for i in range(r + 1)]
+        dense = np.zeros((4, 2))
+        for r in range(np_):
+            dense[:r + 1] += (r + 1) / np_
+        np.testing.assert_allclose(got["slices"]["dense"], dense)
+        assert got["ops"] == [np_, rank, np_, rank]
+        if np_ > 1:
+            kind, is_mismatch, message = got["op_error"]
+            assert kind == "MismatchError" and is_mismatch
+            assert "allreduce 'mismatched' does not match across ranks: shape" in message
+        np.testing.assert_allclose(got["broadcast_"], [np_ - 1.0] * 3)
+        np.testing.assert_allclose(got["keras_values"], np.arange(3.0) * sum(r + 1 for r in range(np_)))
+        assert got["eager_global_variables"].startswith("broadcast_global_variables() does not support eager")
+        assert got["graph_independent"] == [[float(sum(r + i for r in range(np_)))] for i in range(8)]
+        assert got["graph_broadcast"] == [0.0, 1.0]  # rank 0's weights, everywhere
+        # One step of 0.5 * the mean over ranks of the gradient d(f . w)/dw = f = [1 + r, 2].
+        mean_gradient = np.mean([[1.0 + r, 2.0] for r in range(np_)], axis=0)
+        np.testing.assert_allclose(got["graph_step"], np.array([0.0, 1.0]) - 0.5 * mean_gradient, rtol=1e-6)

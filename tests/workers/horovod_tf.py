@@ -1,0 +1,93 @@
+"""ringreduce.tensorflow called the way Horovod's users call horovod.tensorflow and
+horovod.tensorflow.keras, eagerly and in a tf.compat.v1 graph; writes what each call gave.
+Usage: horovod_tf.py OUT_DIR; writes rank{r}.json."""
+
+import json
+import os
+import sys
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ringreduce.tensorflow as hvd  # noqa: E402
+import ringreduce.tensorflow.keras as hvd_keras  # noqa: E402
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+out = {}
+
+
+def listed(value):
+    return np.asarray(value).tolist()
+
+
+class Doubling(hvd.Compression.none):
+    """A compressor of the user's own."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor * 2, "doubled"
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor / 2
+
+
+x = tf.constant(np.arange(6, dtype=np.float32) * (rank + 1))
+# Horovod's positional order: tensor, average, device_dense, device_sparse, compression, op.
+out["positional"] = listed(hvd.allreduce(x, None, "", "", hvd.Compression.none, hvd.Sum))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out["average-false"] = listed(hvd.allreduce(x, average=False))
+out["warned"] = [issubclass(w.category, DeprecationWarning) for w in caught]
+out["compressed"] = listed(hvd.allreduce(x, compression=Doubling, op=hvd.Sum))
+out["fp16"] = listed(hvd.allreduce(x, compression=hvd.Compression.fp16, op=hvd.Sum))
+for dtype in (tf.int32, tf.int64):
+    whole = tf.cast(tf.range(2 * size) + 10 * rank, dtype)
+    results = {"allreduce": hvd.allreduce(whole, op=hvd.Sum), "allgather": hvd.allgather(whole),
+               "broadcast": hvd.broadcast(whole, 0), "alltoall": hvd.alltoall(whole),
+               "reducescatter": hvd.reducescatter(whole, op=hvd.Sum)}
+    out[f"dtypes-{dtype.name}"] = {k: v.dtype.name for k, v in results.items()}
+slices = tf.IndexedSlices(tf.fill([rank + 1, 2], float(rank + 1)), tf.range(rank + 1), dense_shape=[4, 2])
+gathered = hvd.allreduce(slices, op=hvd.Average)
+out["slices"] = {"values": listed(gathered.values), "indices": listed(gathered.indices),
+                 "dense": listed(tf.convert_to_tensor(gathered))}
+out["ops"] = [int(hvd.size_op()), int(hvd.rank_op()), int(hvd.local_size_op()), int(hvd.local_rank_op())]
+try:
+    hvd.allreduce(tf.ones([rank + 2]), name="mismatched")
+except tf.errors.OpError as error:
+    out["op_error"] = [type(error).__name__, isinstance(error, hvd.MismatchError), error.message]
+variable = tf.Variable(np.full(3, float(rank), np.float32))
+hvd.broadcast_([variable], root_rank=size - 1)
+out["broadcast_"] = listed(variable)
+out["keras_values"] = listed(hvd_keras.allreduce(np.arange(3.0) * (rank + 1), average=False))
+try:
+    hvd.broadcast_global_variables(0)
+except RuntimeError as error:
+    out["eager_global_variables"] = str(error)
+
+# A tf.compat.v1 graph: more independent collectives than inter-op threads, the global
+# variables broadcast, and a v1 optimizer's step.
+with tf.Graph().as_default():
+    independent = [hvd.allreduce(tf.constant([float(rank + i)]), op=hvd.Sum, name=f"independent.{i}")
+                   for i in range(8)]
+    weights = tf.compat.v1.get_variable("weights", initializer=tf.constant([float(rank), 1.0]))
+    broadcast_all = hvd.broadcast_global_variables(0)
+    features = tf.constant([[1.0 + rank, 2.0]])
+    loss = tf.reduce_sum(tf.matmul(features, tf.reshape(weights, [2, 1])))
+    optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+    step = optimizer.minimize(loss)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
+    with tf.compat.v1.Session(config=config) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        out["graph_independent"] = [listed(v) for v in session.run(independent)]
+        session.run(broadcast_all)
+        out["graph_broadcast"] = listed(session.run(weights))
+        session.run(step)
+        out["graph_step"] = listed(session.run(weights))
+
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump(out, f)
