@@ -1,6 +1,7 @@
 """The examples a user copies from run under rrun and reach what they promise."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -34,3 +35,24 @@ def test_synthetic_benchmark_sums_the_ranks_rates():
     total = float(lines[-1].rsplit(":", 1)[1])
     assert lines[-1].startswith("total img/sec on 2 rank(s) (cpu): ")
     assert per_rank > 0 and total > per_rank  # the other rank's rate is in the sum
+
+
+@pytest.mark.parametrize("example, learned", [
+    ("horovod_torch_migration.py", r"loss (\d+\.\d+) -> (\d+\.\d+); rank \d joined last; "),
+    ("horovod_keras_migration.py", r"accuracy (\d+\.\d+) -> (\d+\.\d+); "),
+    ("horovod_tf_migration.py", r"loss (\d+\.\d+) -> (\d+\.\d+); "),
+])
+def test_horovod_scripts_run_with_only_their_import_line_changed(example, learned):
+    """Each example is written against Horovod's documented API; its import line names ringreduce."""
+    path = os.path.join(EXAMPLES, example)
+    with open(path) as f:
+        assert sum("ringreduce" in line for line in f if line.startswith(("import", "from"))) == 1
+    result = subprocess.run([sys.executable, "-m", "ringreduce.launcher", "-np", "2", sys.executable, path],
+                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    match = re.search(learned, last)
+    assert match, last
+    before, after = float(match[1]), float(match[2])
+    assert after < before if "loss" in learned else after > before
+    assert last.endswith("every rank holds the same model: True"), last
