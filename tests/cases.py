@@ -81,3 +81,49 @@ def stress_specs(count=300):
 def stress_input(rank, index, dtype, shape):
     length = int(np.prod(shape))
     return values(rank, dtype, length, salt=index).reshape(shape)
+
+
+# The gradient tests of the framework bindings: rank r contributes contribution(r), and its loss is
+# sum(weights(r, n) * result) for each collective's result of n values.
+def contribution(rank):
+    return np.arange(6, dtype=np.float32) * (rank + 1) + rank
+
+
+def weights(rank, count=6):
+    return np.arange(count, dtype=np.float32) + 10 * rank
+
+
+def splits(rank, size):
+    """Rows of its 6 that rank `rank` sends to each rank in the alltoall tests."""
+    even = [6 // size + (i < 6 % size) for i in range(size)]
+    return even[rank % size:] + even[:rank % size]
+
+
+def scattered_rows(rank, size, total=6):
+    """The rows of `total` that reducescatter leaves to `rank` (the first ranks one more)."""
+    counts = [total // size + (i < total % size) for i in range(size)]
+    start = sum(counts[:rank])
+    return slice(start, start + counts[rank])
+
+
+def expected_gradients(rank, size):
+    """The gradient of the sum of every rank's loss with respect to rank `rank`'s contribution,
+    through each collective of the gradient tests (and the alltoall's received rows)."""
+    all_w = sum(weights(r) for r in range(size))
+    gathered = sum(r + 1 for r in range(size))
+    start = sum(r + 1 for r in range(rank))
+    received = [[splits(k, size)[j] for k in range(size)] for j in range(size)]  # rows j gets from each k
+    mine = splits(rank, size)
+    # Rank `rank`'s block j went to rank j, after the blocks of the ranks before it there.
+    blocks = [weights(j, sum(received[j]))[sum(received[j][:rank]):sum(received[j][:rank]) + mine[j]]
+              for j in range(size)]
+    return {
+        "allreduce-sum": all_w,
+        "allreduce-average": all_w / size,
+        "allgather": sum(weights(r, gathered) for r in range(size))[start:start + rank + 1],
+        "broadcast": all_w if rank == size - 1 else np.zeros(6, np.float32),
+        "reducescatter": np.concatenate([weights(r)[:len(range(6)[scattered_rows(r, size)])] for r in range(size)]),
+        "alltoall": np.concatenate(blocks),
+        "alltoall-received": received[rank],
+        "grouped": np.stack([all_w, 2 * all_w]),
+    }

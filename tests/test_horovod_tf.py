@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+import cases  # noqa: E402
 from launch import run_job  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -48,3 +49,5 @@ def test_horovod_style_tensorflow(np_, tmp_path):
         # One step of 0.5 * the mean over ranks of the gradient d(f . w)/dw = f = [1 + r, 2].
         mean_gradient = np.mean([[1.0 + r, 2.0] for r in range(np_)], axis=0)
         np.testing.assert_allclose(got["graph_step"], np.array([0.0, 1.0]) - 0.5 * mean_gradient, rtol=1e-6)
+        for key, expected in cases.expected_gradients(rank, np_).items():
+            np.testing.assert_allclose(got["grads"][key], expected, err_msg=key)

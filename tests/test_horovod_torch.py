@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import torch_cases  # noqa: E402
 
+import cases  # noqa: E402
 from launch import run_job  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -24,13 +25,6 @@ def run(mode, np, tmp_path):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(np)]
 
 
-def rows_of(rank, size, total=6):
-    """The rows of `total` that reducescatter leaves to `rank` (the first ranks one more)."""
-    counts = [total // size + (i < total % size) for i in range(size)]
-    start = sum(counts[:rank])
-    return slice(start, start + counts[rank])
-
-
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_horovod_style_calls(np, tmp_path):
     everyone = [X(r) for r in range(np)]
@@ -38,7 +32,7 @@ def test_horovod_style_calls(np, tmp_path):
     for rank, got in enumerate(run("calls", np, tmp_path)):
         torch.testing.assert_close(got["positional"], total)  # prescale 2, postscale 0.5
         torch.testing.assert_close(got["positional_"], total)
-        torch.testing.assert_close(got["reducescatter"], total[rows_of(rank, np)])
+        torch.testing.assert_close(got["reducescatter"], total[cases.scattered_rows(rank, np)])
         torch.testing.assert_close(got["average-false"], total)
         torch.testing.assert_close(got["average-true"], total / np)
         assert got["warned"].tolist() == [True, True]
@@ -46,14 +40,14 @@ def test_horovod_style_calls(np, tmp_path):
         torch.testing.assert_close(got["grouped_allreduce_"], [total, total[:2]])
         torch.testing.assert_close(got["grouped_allgather"], [torch.cat([X(r)[:r + 1] for r in range(np)]),
                                                               torch.cat([X(r)[:1] for r in range(np)])])
-        torch.testing.assert_close(got["grouped_reducescatter"], [total[rows_of(rank, np)],
-                                                                  2 * total[rows_of(rank, np)]])
+        torch.testing.assert_close(got["grouped_reducescatter"], [total[cases.scattered_rows(rank, np)],
+                                                                  2 * total[cases.scattered_rows(rank, np)]])
         torch.testing.assert_close(got["allgather_async"], torch.cat([X(r)[:r + 1] for r in range(np)]))
         torch.testing.assert_close(got["broadcast_async"], X(np - 1))
-        torch.testing.assert_close(got["reducescatter_async"], total[rows_of(rank, np)])
+        torch.testing.assert_close(got["reducescatter_async"], total[cases.scattered_rows(rank, np)])
         torch.testing.assert_close(got["grouped_allreduce_async"], [total, total])
         torch.testing.assert_close(got["grouped_allgather_async"], [torch.cat([X(r)[:1] for r in range(np)])])
-        torch.testing.assert_close(got["grouped_reducescatter_async"], [total[rows_of(rank, np)]])
+        torch.testing.assert_close(got["grouped_reducescatter_async"], [total[cases.scattered_rows(rank, np)]])
         torch.testing.assert_close(got["alltoall_async"], torch.cat(
             [torch.arange(2.0 * rank, 2.0 * rank + 2) + 10 * r for r in range(np)]))
         torch.testing.assert_close(got["broadcast_async_"], X(0))
@@ -73,25 +67,9 @@ def test_horovod_style_calls(np, tmp_path):
 
 @pytest.mark.parametrize("np", [1, 2, 3])
 def test_gradients_through_the_collectives_are_the_analytic_ones(np, tmp_path):
-    w = torch_cases.weights
-    all_w = sum(w(r) for r in range(np))
-    gathered_rows = sum(r + 1 for r in range(np))
-    received = [[torch_cases.splits(k, np)[j] for k in range(np)] for j in range(np)]  # rows j gets from each k
     for rank, got in enumerate(run("grads", np, tmp_path)):
-        torch.testing.assert_close(got["allreduce-1"], all_w)  # Sum
-        torch.testing.assert_close(got["allreduce-0"], all_w / np)  # Average
-        start = sum(r + 1 for r in range(rank))
-        summed_weights = sum(w(r, gathered_rows) for r in range(np))
-        torch.testing.assert_close(got["allgather"], summed_weights[start:start + rank + 1])
-        torch.testing.assert_close(got["broadcast"], all_w if rank == np - 1 else torch.zeros(6))
-        expected = torch.cat([w(r)[:rows_of(r, np).stop - rows_of(r, np).start] for r in range(np)])
-        torch.testing.assert_close(got["reducescatter"], expected)
-        # Rank `rank`'s block j went to rank j, after the blocks of the ranks before it there.
-        mine = torch_cases.splits(rank, np)
-        pieces = []
-        for j in range(np):
-            offset = sum(received[j][:rank])
-            pieces.append(w(j, sum(received[j]))[offset:offset + mine[j]])
-        torch.testing.assert_close(got["alltoall"], torch.cat(pieces))
-        assert got["alltoall-received"].tolist() == received[rank]
-        torch.testing.assert_close(got["grouped"], torch.stack([all_w, 2 * all_w]))
+        for key, expected in cases.expected_gradients(rank, np).items():
+            if key == "alltoall-received":
+                assert got[key].tolist() == expected
+            else:
+                torch.testing.assert_close(got[key], torch.as_tensor(expected), msg=key)

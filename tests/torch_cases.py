@@ -3,6 +3,8 @@ tests train the single-process reference with the whole batch."""
 
 import torch
 
+import cases
+
 BATCH, FEATURES, CLASSES, STEPS = 32, 8, 4, 5
 
 
@@ -37,17 +39,10 @@ def train(net, opt, batches_per_step):
     return {name: p.detach().clone() for name, p in net.named_parameters()}
 
 
+
 def contribution(rank):
-    """What rank `rank` contributes in the Horovod-style tests: 6 values of its own."""
-    return torch.arange(6.0) * (rank + 1) + rank
+    return torch.from_numpy(cases.contribution(rank))
 
 
 def weights(rank, count=6):
-    """The weights of rank `rank`'s loss, sum(weights * result), in the gradient tests."""
-    return torch.arange(float(count)) + 10 * rank
-
-
-def splits(rank, size):
-    """Rows of its 6 that rank `rank` sends to each rank in the alltoall tests."""
-    even = [6 // size + (i < 6 % size) for i in range(size)]
-    return even[rank % size:] + even[:rank % size]
+    return torch.from_numpy(cases.weights(rank, count))

@@ -9,6 +9,9 @@ inter-op threads would otherwise block in different collectives on different ran
 collective without a name inside a graph is named after its input tensor, which is the same on
 every rank that builds the same graph.
 
+The dense collectives are differentiable (tf.custom_gradient), as Horovod's are: each gradient is
+the exact gradient of the sum of every rank's loss, as in ringreduce.torch (docs/horovod.md).
+
 `device_dense` and `device_sparse` are accepted: the engine runs the collectives where their
 arrays live. Names are never prefixed by the name scope, so `ignore_name_scope` changes nothing.
 """
@@ -62,8 +65,13 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
                 return core.grouped_allreduce(tensors=arrays, name=base, **scaling)
             return [core.allreduce(tensor=arrays[0], name=base, **scaling)]
 
-        reduced = _compressed(compression, values, lambda ts, engine: _run(
-            "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts)))
+        def backward(upstream):
+            _check_differentiable(op, "allreduce")
+            return _combined(upstream, op, Compression.none, prescale_factor, postscale_factor, None, grouped)
+
+        reduced = _differentiable(lambda ts: _compressed(compression, ts, lambda ts, engine: _run(
+            "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts))),
+            backward, values)
         for index, result in zip(dense, reduced, strict=True):
             results[index] = result
     return results
@@ -76,16 +84,29 @@ def allgather(tensor, name=None, ignore_name_scope=False):
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False):
     values = [_value(t) for t in tensors]
-    return _run("allgather", name, values, lambda arrays, base: core.grouped_allgather(tensors=arrays, name=base),
-                _rows_unknown(values))
+
+    def backward(upstream):
+        """This rank's rows of the sum over ranks of the gradient."""
+        summed = _combined(upstream, core.Sum, Compression.none, 1.0, 1.0, None, grouped=True)
+        every_ranks_rows = grouped_allgather([tf.shape(v, out_type=tf.int64)[:1] for v in values])
+        return [tf.slice(s, tf.concat([[tf.reduce_sum(rows[:core.rank()])], tf.zeros_like(tf.shape(v)[1:],
+                                                                                          dtype=tf.int64)], 0),
+                         tf.shape(v, out_type=tf.int64))
+                for s, rows, v in zip(summed, every_ranks_rows, values, strict=True)]
+
+    return _differentiable(lambda ts: _run("allgather", name, ts, lambda arrays, base: core.grouped_allgather(
+        tensors=arrays, name=base), _rows_unknown(ts)), backward, values)
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False):
     """The root rank's tensor, on every rank."""
-    values = [_value(tensor)]
-    return _run("broadcast", name, values,
-                lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base)],
-                _same_shapes(values))[0]
+    def backward(upstream):
+        summed = allreduce(upstream[0], op=core.Sum)
+        return [summed if core.rank() == root_rank else tf.zeros_like(summed)]
+
+    return _differentiable(lambda ts: _run(
+        "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base)],
+        _same_shapes(ts)), backward, [_value(tensor)])[0]
 
 
 def broadcast_(variables, root_rank, name=None):
@@ -101,17 +122,24 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
     `splits` the result is (tensor, rows received from each rank), as Horovod."""
     values = [_value(tensor)]
     if splits is None:
-        return _run("alltoall", name, values, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base)],
-                    _rows_unknown(values))[0]
-    values.append(tf.cast(tf.convert_to_tensor(splits), tf.int64))
+        return _differentiable(lambda ts: _run(
+            "alltoall", name, ts, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base)],
+            _rows_unknown(ts)), lambda upstream: [alltoall(upstream[0])], values)[0]
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
 
     def collective(arrays, base):
         result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist(), name=base)
         return [result, np.asarray(received, dtype=np.int64)]
 
-    result, received = _run("alltoall", name, values, collective,
-                            _rows_unknown(values[:1]) + [tf.TensorShape([core.size()])])
-    return result, received
+    exchanged = []
+
+    def forward(ts):
+        exchanged[:] = _run("alltoall", name, ts + [splits], collective,
+                            _rows_unknown(ts) + [tf.TensorShape([core.size()])])
+        return exchanged[:1]
+
+    (result,) = _differentiable(forward, lambda upstream: [alltoall(upstream[0], splits=exchanged[1])[0]], values)
+    return result, exchanged[1]
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=core.Average, name=None,
@@ -152,11 +180,19 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
         return core.grouped_reducescatter(tensors=arrays, op=op, name=base, prescale_factor=prescale_factor,
                                           postscale_factor=postscale_factor)
 
-    if in_engine(compression) is wire.Compression.none:
-        return _run("reducescatter", name, values, collective, _rows_unknown(values))
-    packed = [compression.compress(t) for t in values]  # the engine's reducescatter has no cast of its own
-    reduced = _run("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(values))
-    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
+    def forward(ts):
+        if in_engine(compression) is wire.Compression.none:
+            return _run("reducescatter", name, ts, collective, _rows_unknown(ts))
+        packed = [compression.compress(t) for t in ts]  # the engine's reducescatter has no cast of its own
+        reduced = _run("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(ts))
+        return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
+
+    def backward(upstream):
+        _check_differentiable(op, "reducescatter")
+        scale = prescale_factor * postscale_factor / (core.size() if op == core.Average else 1)
+        return [g * tf.cast(scale, g.dtype) for g in grouped_allgather(upstream)]
+
+    return _differentiable(forward, backward, values)
 
 
 def _gathered_slices(slices, op, prescale_factor, postscale_factor, name):
@@ -172,6 +208,27 @@ def _gathered_slices(slices, op, prescale_factor, postscale_factor, name):
     if op == core.Average:
         values = [v / tf.cast(core.size(), v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices, strict=True)]
+
+
+def _differentiable(forward, backward, values):
+    """forward(tensors) -> tensors, with backward(gradients of the outputs) -> gradients of the
+    inputs as its gradient."""
+    @tf.custom_gradient
+    def run(*inputs):
+        outputs = forward(list(inputs))
+
+        def gradient(*upstream):
+            return backward([tf.zeros_like(o) if u is None else u for u, o in zip(upstream, outputs, strict=True)])
+
+        return outputs, gradient
+
+    return run(*values)
+
+
+def _check_differentiable(op, what):
+    if op not in (core.Sum, core.Average):
+        raise NotImplementedError(f"the gradient of {what} with op {ops.ReduceOp(op).name.capitalize()} is not "
+                                  "defined; only Sum and Average are differentiable")
 
 
 def _compressed(compression, values, run):

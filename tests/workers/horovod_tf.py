@@ -12,8 +12,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import ringreduce.tensorflow as hvd  # noqa: E402
 import ringreduce.tensorflow.keras as hvd_keras  # noqa: E402
+
+import cases  # noqa: E402
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -68,6 +71,35 @@ try:
     hvd.broadcast_global_variables(0)
 except RuntimeError as error:
     out["eager_global_variables"] = str(error)
+
+
+
+def gradient(collective, values, weights):
+    """d/d values of sum(weights * collective(values)), through the collective."""
+    with tf.GradientTape() as tape:
+        tape.watch(values)
+        result = collective(values)
+        loss = tf.reduce_sum(result * weights(len(result)))
+    return tape.gradient(loss, values)
+
+
+mine = tf.constant(cases.contribution(rank))
+w = lambda n=6: tf.constant(cases.weights(rank, n))  # noqa: E731
+grads = {
+    "allreduce-sum": gradient(lambda v: hvd.allreduce(v, op=hvd.Sum), mine, w),
+    "allreduce-average": gradient(lambda v: hvd.allreduce(v, op=hvd.Average), mine, w),
+    "allgather": gradient(lambda v: hvd.allgather(v), mine[:rank + 1], w),
+    "broadcast": gradient(lambda v: hvd.broadcast(v, size - 1), mine, w),
+    "reducescatter": gradient(lambda v: hvd.reducescatter(v, op=hvd.Sum), mine, w),
+    "alltoall": gradient(lambda v: hvd.alltoall(v, splits=cases.splits(rank, size))[0], mine, w),
+}
+with tf.GradientTape() as tape:
+    pair = [tf.identity(mine), tf.identity(mine)]
+    tape.watch(pair)
+    summed = hvd.grouped_allreduce(pair, op=hvd.Sum)
+    grads["grouped"] = tf.stack(tape.gradient(tf.reduce_sum(summed[0] * w() + summed[1] * 2 * w()), pair))
+out["grads"] = {k: listed(v) for k, v in grads.items()}
+out["grads"]["alltoall-received"] = listed(hvd.alltoall(mine, splits=cases.splits(rank, size))[1])
 
 # A tf.compat.v1 graph: more independent collectives than inter-op threads, the global
 # variables broadcast, and a v1 optimizer's step.

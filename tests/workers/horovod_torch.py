@@ -12,6 +12,8 @@ import torch_cases  # noqa: E402
 
 import ringreduce.torch as hvd  # noqa: E402
 
+import cases  # noqa: E402
+
 hvd.init()
 mode, out = sys.argv[1], sys.argv[2]
 rank, size = hvd.rank(), hvd.size()
@@ -87,10 +89,10 @@ if mode == "calls":
     hvd.stop_timeline()
 elif mode == "grads":
     weights = torch_cases.weights(rank)
-    for op in (hvd.Sum, hvd.Average):
+    for op, label in ((hvd.Sum, "sum"), (hvd.Average, "average")):
         leaf = x.clone().requires_grad_()
         (hvd.allreduce(leaf, op=op) * weights).sum().backward()
-        results[f"allreduce-{int(op)}"] = leaf.grad
+        results[f"allreduce-{label}"] = leaf.grad
     leaf = x[:rank + 1].clone().requires_grad_()
     gathered = hvd.allgather(leaf)
     (gathered * torch_cases.weights(rank, len(gathered))).sum().backward()
@@ -103,7 +105,7 @@ elif mode == "grads":
     (scattered * weights[:len(scattered)]).sum().backward()
     results["reducescatter"] = leaf.grad
     leaf = x.clone().requires_grad_()
-    exchanged, received = hvd.alltoall(leaf, splits=torch_cases.splits(rank, size))
+    exchanged, received = hvd.alltoall(leaf, splits=cases.splits(rank, size))
     (exchanged * torch_cases.weights(rank, len(exchanged))).sum().backward()
     results["alltoall"] = leaf.grad
     results["alltoall-received"] = received
