@@ -5,6 +5,7 @@
 
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -13,11 +14,14 @@ import click
 import psutil
 
 from ringreduce import config
-from ringreduce.launcher import checkbuild, dialects, hosts, reach, slurm
+from ringreduce.launcher import checkbuild, dialects, hosts, rank, reach, slurm
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
 
-FORWARDED_PREFIXES = ("RINGREDUCE_",)
+# Variables rrun gives every rank from its own environment (besides -x): ringreduce's knobs, and the
+# settings the fabric, the MPI and the GPU stack read, which a job script sets on the launch node.
+# Never CUDA_VISIBLE_DEVICES (the scheduler assigns GPUs per node), never a name that looks secret.
+FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "I_MPI_", "PMIX_MCA_", "PSM2_", "HCOLL_")
 RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
@@ -77,7 +81,15 @@ def _knob_name(flag):
               help="Hosts and their slots, e.g. node1:4,node2:4.")
 @click.option("--hostfile", type=click.Path(dir_okay=False),
               help="File of 'host slots=N' or 'host:N' lines.")
-@click.option("-i", "--network-interface", metavar="IFACE", help="Network interface MPI should use.")
+@click.option("-i", "--network-interface", metavar="IFACE",
+              help="IP interface for MPI's TCP traffic and NCCL's bootstrap sockets (eth0, ib0 for IPoIB).")
+@click.option("--net-device", metavar="HCA:PORT[,...]",
+              help="RDMA devices for the data: UCX_NET_DEVICES and NCCL_IB_HCA, e.g. mlx5_0:1 (see ibv_devinfo).")
+@click.option("--bind-to", type=click.Choice(dialects.BIND_TO), default="none", show_default=True,
+              help="Bind each rank to a core, a socket or a NUMA node (the same under every MPI).")
+@click.option("--map-by", type=click.Choice(dialects.MAP_BY), default="slot", show_default=True,
+              help="Place consecutive ranks by slot, core, socket, NUMA node or node.")
+@click.option("--report-bindings", is_flag=True, help="Each rank prints the CPUs it is bound to, before it starts.")
 @click.option("--mpi-args", default="", metavar="'ARGS'", help="Extra arguments for mpiexec.")
 @click.option("--mpiexec", "mpiexec_name", envvar="RRUN_MPIEXEC", metavar="PATH",
               help="mpiexec to use [default: from PATH, or RRUN_MPIEXEC].")
@@ -95,8 +107,8 @@ def _knob_name(flag):
 @knob_options
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_name, env_items,
-         verbose, dry_run, check_build, skip_host_check, restarts, command, **knobs):
+def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
+         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, restarts, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
@@ -109,19 +121,26 @@ def main(num_proc, host_list, hostfile, network_interface, mpi_args, mpiexec_nam
         raise LaunchError("give the command to run, e.g. `rrun -np 2 python train.py`")
     check_command(command)
     num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
+    # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
+    from_slurm = placement is not None and not (host_list or hostfile)
     mpiexec = dialects.find_mpiexec(mpiexec_name)
+    env = {**fabric_environment(network_interface, net_device), **environment(env_items, os.environ, knobs)}
+    if report_bindings:
+        env[rank.REPORT_BINDINGS_VARIABLE] = "1"
     job = dialects.JobSpec(
         num_proc=num_proc,
         rank_command=[sys.executable, "-m", "ringreduce.launcher.rank", str(num_proc), "--", *command],
         placement=placement,
         network_interface=network_interface,
-        env=environment(env_items, os.environ, knobs),
+        bind_to=bind_to,
+        map_by=map_by,
+        env=env,
         mpi_args=shlex.split(mpi_args),
         local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
     dialect = dialects.dialect_of(mpiexec)
-    if placement and not (dry_run or skip_host_check):
+    if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
     for attempt in range(restarts + 1):
         argv = dialect.command(mpiexec, dataclasses.replace(job, env={**job.env, RESTART_VARIABLE: str(attempt)}))
@@ -172,10 +191,24 @@ def _secret(name):
     return any(secret in name.upper() for secret in SECRET_WORDS)
 
 
+def fabric_environment(network_interface, net_device):
+    """What -i and --net-device mean beyond MPI's own options: NCCL's bootstrap sockets on the IP
+    interface; the RDMA devices for UCX and for NCCL's data (an HCA port, never an IP interface:
+    UCX given `ib0` would run TCP over IPoIB and lose RDMA)."""
+    env = {"NCCL_SOCKET_IFNAME": network_interface} if network_interface else {}
+    if net_device:
+        ports = net_device.split(",")
+        if not all(re.fullmatch(r"[A-Za-z0-9_]+:\d+", port) for port in ports):
+            raise LaunchError(f"--net-device {net_device!r}: name HCA ports like mlx5_0:1 (see ibv_devinfo); "
+                              "an IP interface such as ib0 would make UCX run TCP over IPoIB (use -i for that)")
+        env.update(UCX_NET_DEVICES=net_device, NCCL_IB_HCA=net_device)
+    return env
+
+
 def environment(env_items, environ, knobs=None):
-    """The variables every rank gets: ringreduce's knobs from here, then from rrun's flags, then
-    -x NAME[=VALUE] items (the later win)."""
-    env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    """The variables every rank gets: the forwarded families from here (no secret-looking name,
+    never CUDA_VISIBLE_DEVICES), then rrun's flags, then -x NAME[=VALUE] items (the later win)."""
+    env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) and not _secret(k)}
     for flag, variable, _, _, as_text in KNOBS:
         value = (knobs or {}).get(_knob_name(flag))
         if value is not None:

@@ -1,4 +1,4 @@
-"""What each MPI's mpiexec calls the same things: hosts, environment, network interface.
+"""What each MPI's mpiexec calls the same things: hosts, environment, network interface, binding.
 
 The dialect is read off `mpiexec --version`. Each builds an argument list (never a shell
 string) from one JobSpec.
@@ -12,6 +12,12 @@ import sys
 
 from ringreduce.launcher.errors import LaunchError
 
+# rrun's binding and mapping choices, which mean the same under every MPI. "none" is the default
+# everywhere: Open MPI binds by default and Intel MPI pins by default, so rrun turns both off
+# unless asked; MPICH's Hydra binds nothing by default.
+BIND_TO = ("none", "core", "socket", "numa")
+MAP_BY = ("slot", "core", "socket", "numa", "node")
+
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
@@ -19,6 +25,8 @@ class JobSpec:
     rank_command: list  # what every rank runs (rrun's per-rank wrapper around the user's command)
     placement: list | None = None  # [(host, ranks)], or None: all on this host
     network_interface: str | None = None
+    bind_to: str = "none"
+    map_by: str = "slot"
     env: dict = dataclasses.field(default_factory=dict)  # variables to set on every rank
     mpi_args: list = dataclasses.field(default_factory=list)
     local_cores: int = 1
@@ -34,11 +42,22 @@ def carried(job):
     return {name: os.environ[name] for name in CARRIED_VARIABLES if name in os.environ}
 
 
+def _passes(job, *options):
+    """Has the user given one of these options in --mpi-args? (Then rrun does not give it too.)"""
+    return any(word.split("=", 1)[0] in options for word in job.mpi_args)
+
+
 class OpenMPI:
     name = "Open MPI"
+    # Open MPI 5 calls a socket a package.
+    _NAMES = {"socket": "package"}
 
     def command(self, mpiexec, job):
-        args = [mpiexec, "-np", str(job.num_proc), "--bind-to", "none", "--map-by", "slot"]
+        args = [mpiexec, "-np", str(job.num_proc)]
+        if not _passes(job, "--bind-to", "-bind-to"):
+            args += ["--bind-to", self._NAMES.get(job.bind_to, job.bind_to)]
+        if not _passes(job, "--map-by", "-map-by"):
+            args += ["--map-by", self._NAMES.get(job.map_by, job.map_by)]
         if job.as_root:
             args.append("--allow-run-as-root")
         if job.placement:
@@ -71,33 +90,54 @@ class MPICH:
         args = [mpiexec, "-n", str(job.num_proc)]
         if job.placement:
             args += ["-hosts", ",".join(f"{host}:{count}" for host, count in job.placement)]
+        if job.bind_to != "none" and not _passes(job, "-bind-to", "--bind-to"):
+            args += ["-bind-to", job.bind_to]
+        if job.map_by != "slot" and not _passes(job, "-map-by", "--map-by"):
+            args += ["-map-by", job.map_by]
         args += self._common(job)
         return args + job.mpi_args + job.rank_command
 
-    @staticmethod
-    def _common(job):
+    @classmethod
+    def _common(cls, job):
         args = ["-iface", job.network_interface] if job.network_interface else []
-        env = job.env
+        env = {**cls._pinning(job), **job.env}
         if job.placement:  # Hydra would give other hosts all of rrun's environment
             args.append("-genvnone")
-            env = {**carried(job), **job.env}
+            env = {**carried(job), **env}
         for name, value in env.items():
             args += ["-genv", name, value]
         return args
 
+    @staticmethod
+    def _pinning(job):
+        return {}
+
 
 class IntelMPI(MPICH):
-    """Hydra-based like MPICH; per-host rank counts go in one section per host."""
+    """Hydra-based like MPICH, but it pins through its own variables (and by default, which rrun
+    turns off unless asked); per-host rank counts go in one section per host."""
 
     name = "Intel MPI"
+    _ORDER = {"core": "compact", "socket": "scatter", "numa": "scatter"}
 
     def command(self, mpiexec, job):
+        order = ["-rr"] if job.map_by == "node" else []
         if not job.placement:
-            return super().command(mpiexec, job)
-        args = [mpiexec] + self._common(job) + job.mpi_args
+            return [mpiexec, "-n", str(job.num_proc), *order, *self._common(job), *job.mpi_args, *job.rank_command]
+        args = [mpiexec, *order] + self._common(job) + job.mpi_args
         for index, (host, count) in enumerate(job.placement):
             args += ([":"] if index else []) + ["-n", str(count), "-host", host] + job.rank_command
         return args
+
+
+    @classmethod
+    def _pinning(cls, job):
+        if job.bind_to == "none":
+            return {"I_MPI_PIN": "0"}
+        pinning = {"I_MPI_PIN": "1", "I_MPI_PIN_DOMAIN": job.bind_to}
+        if job.map_by in cls._ORDER:
+            pinning["I_MPI_PIN_ORDER"] = cls._ORDER[job.map_by]
+        return pinning
 
 
 def detect(version_text):

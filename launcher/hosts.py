@@ -7,7 +7,9 @@ from ringreduce.launcher.errors import LaunchError
 
 _HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _COLON_FORM = re.compile(rf"^({_HOST})(?::(\d+))?$")
-_SLOTS_FORM = re.compile(rf"^({_HOST})\s+slots\s*=\s*(\d+)$")
+# Open MPI's form: `host slots=N max_slots=M` (either or both; max_slots alone is the slot count).
+_SLOTS_FORM = re.compile(rf"^({_HOST})((?:\s+(?:max_)?slots\s*=\s*\d+)+)$")
+_SLOT_SETTING = re.compile(r"(max_slots|slots)\s*=\s*(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +25,9 @@ def parse_hosts(text):
 
 
 def parse_hostfile(path):
-    """Lines `host slots=4` or `host:4` (or a bare host: one slot); `#` starts a comment."""
+    """Lines `host slots=4 [max_slots=8]` or `host:4` (or a bare host: one slot); `#` starts a
+    comment. A host on several lines gets their slots together, so a list of node names with one
+    line per slot (what `scontrol show hostnames` repeated gives) works too."""
     try:
         with open(path) as f:
             lines = f.read().splitlines()
@@ -36,10 +40,22 @@ def parse_hostfile(path):
             continue
         where = f"hostfile {path} line {number} ({text!r})"
         match = _SLOTS_FORM.match(text)
-        hosts.append(Host(match[1], _slots(match[2], where)) if match else _parse_entry(text, where))
+        hosts.append(Host(match[1], _slots_setting(match[2], where)) if match else _parse_entry(text, where))
     if not hosts:
         raise LaunchError(f"hostfile {path} names no hosts")
-    return hosts
+    slots = {}
+    for host in hosts:
+        slots[host.name] = slots.get(host.name, 0) + host.slots
+    return [Host(name, count) for name, count in slots.items()]
+
+
+def _slots_setting(text, where):
+    """The slots of `slots=N max_slots=M`: N (at most M), else M."""
+    settings = {key: _slots(value, where) for key, value in _SLOT_SETTING.findall(text)}
+    slots = settings.get("slots", settings.get("max_slots"))
+    if "max_slots" in settings and slots > settings["max_slots"]:
+        raise LaunchError(f"{where}: slots={slots} is more than max_slots={settings['max_slots']}")
+    return slots
 
 
 _SHELL_METACHARACTERS = set(";|&$`<>(){}[]'\"\\*?!~")

@@ -10,6 +10,7 @@ child inherits the launcher's connection.
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +19,9 @@ from ringreduce.launcher.protocol import STATUS_PREFIX, WORLD_SIZE_VARIABLE, sta
 
 # Where each MPI and Slurm put the rank of the process they start.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR1 is the preemption notice a job script passes on (ringreduce.stop_requested()).
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+REPORT_BINDINGS_VARIABLE = "RRUN_REPORT_BINDINGS"
 
 
 def main(argv=None):
@@ -27,6 +30,10 @@ def main(argv=None):
     rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "?")
     env = dict(os.environ, **{WORLD_SIZE_VARIABLE: world_size})
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
+    if env.pop(REPORT_BINDINGS_VARIABLE, None):
+        cpus = sorted(os.sched_getaffinity(0))  # what mpiexec bound this process, and so the rank, to
+        sys.stderr.write(f"rrun: rank {rank} on {socket.gethostname()} is bound to CPUs {_ranges(cpus)}\n")
+        sys.stderr.flush()
     try:
         child = subprocess.Popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -56,6 +63,17 @@ def main(argv=None):
         relay.join()
     _report(rank, code, stopped_by[0] if stopped_by else None, last_error[-1] if last_error else None)
     return code if code >= 0 else 128 - code
+
+
+def _ranges(numbers):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    spans = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in spans)
 
 
 def _relay(source, sink, prefix, last_line):

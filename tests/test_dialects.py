@@ -68,8 +68,29 @@ def test_mpich_local_run_is_minimal():
 
 def test_intel_mpi_puts_each_host_in_its_own_section():
     argv = IntelMPI().command("mpiexec", job(placement=[("a", 3), ("b", 1)], env={"FOO": "1"}))
-    assert argv == ["mpiexec", "-genvnone", *_carried("-genv"), "-genv", "FOO", "1", "-n", "3", "-host", "a", *RANK,
-                    ":", "-n", "1", "-host", "b", *RANK]
+    # Intel MPI pins by default; rrun's default binding is none under every MPI.
+    assert argv == ["mpiexec", "-genvnone", *_carried("-genv"), "-genv", "I_MPI_PIN", "0", "-genv", "FOO", "1",
+                    "-n", "3", "-host", "a", *RANK, ":", "-n", "1", "-host", "b", *RANK]
+
+
+@pytest.mark.parametrize("dialect, bind_to, map_by, expected", [
+    (OpenMPI(), "core", "socket", ["--bind-to", "core", "--map-by", "package"]),
+    (OpenMPI(), "numa", "node", ["--bind-to", "numa", "--map-by", "node"]),
+    (MPICH(), "core", "socket", ["-bind-to", "core", "-map-by", "socket"]),
+    (MPICH(), "none", "slot", []),
+    (IntelMPI(), "core", "socket", ["-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "core",
+                                    "-genv", "I_MPI_PIN_ORDER", "scatter"]),
+    (IntelMPI(), "numa", "node", ["-rr", "-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "numa"]),
+])
+def test_binding_and_mapping_mean_the_same_under_every_mpi(dialect, bind_to, map_by, expected):
+    argv = dialect.command("mpiexec", job(bind_to=bind_to, map_by=map_by))
+    assert argv[3:3 + len(expected)] == expected, argv
+
+
+def test_binding_given_in_mpi_args_is_not_given_twice():
+    argv = OpenMPI().command("mpiexec", job(bind_to="core", mpi_args=["--bind-to", "socket", "--map-by=ppr:1:node"]))
+    assert argv.count("--bind-to") == 1 and "--map-by" not in argv and argv[-len(RANK) - 3] == "--bind-to"
+    assert MPICH().command("mpiexec", job(bind_to="core", mpi_args=["-bind-to", "socket"])).count("-bind-to") == 1
 
 
 def _carried(flag="-x"):

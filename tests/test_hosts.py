@@ -97,3 +97,12 @@ def test_hosts_without_np_use_every_slot():
 ])
 def test_the_script_of_a_python_command_line(arguments, script):
     assert python_script(arguments) == script
+
+
+def test_hostfiles_as_clusters_write_them(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("node1 slots=4 max_slots=8\nnode2 max_slots=2\nnode3\nnode3\nnode3\nnode1\n")
+    assert parse_hostfile(path) == [Host("node1", 5), Host("node2", 2), Host("node3", 3)]
+    path.write_text("node1 slots=4 max_slots=2\n")
+    with pytest.raises(LaunchError, match=r"line 1 .*: slots=4 is more than max_slots=2"):
+        parse_hostfile(path)

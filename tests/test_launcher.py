@@ -1,6 +1,8 @@
 """rrun as a user meets it: tagged output, one-line errors, signals that leave nothing behind."""
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,6 +11,11 @@ import uuid
 
 import psutil
 import pytest
+from click.testing import CliRunner
+
+from ringreduce.launcher import reach
+from ringreduce.launcher.cli import environment, fabric_environment, main
+from ringreduce.launcher.supervise import Supervisor
 
 from launch import rrun_command, run_job
 
@@ -224,3 +231,45 @@ def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
     assert stderr.decode().strip().splitlines()[-1] == (
         f"rrun: stopped by {signal.Signals(signum).name}; every rank was ended")
     assert [p.info["cmdline"] for p in _processes_with(marker)] == []
+
+
+def test_forwarded_families_fabric_options_and_no_secrets():
+    environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx",
+               "I_MPI_DEBUG": "5", "PMIX_MCA_gds": "hash", "RINGREDUCE_CYCLE_TIME": "2",
+               "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SECRET_TOKEN": "x", "HOME": "/root"}
+    env = environment((), environ)
+    assert env == {k: v for k, v in environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NCCL_SECRET_TOKEN", "HOME")}
+    assert fabric_environment("ib0", "mlx5_0:1,mlx5_1:1") == {
+        "NCCL_SOCKET_IFNAME": "ib0", "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
+    assert one_line_error(rrun("-np", "2", "--net-device", "ib0", sys.executable, "-c", "pass")).startswith(
+        "Error: --net-device 'ib0': name HCA ports like mlx5_0:1 (see ibv_devinfo); an IP interface such as ib0 "
+        "would make UCX run TCP over IPoIB")
+
+
+def test_a_slurm_placement_needs_no_ssh_check(monkeypatch):
+    """Inside an allocation mpiexec starts its daemons through Slurm: hosts from -H are checked
+    over ssh, hosts from Slurm are not."""
+    checked = []
+    monkeypatch.setattr(reach, "check_reachable", checked.append)
+    monkeypatch.setattr(Supervisor, "run", lambda self: 0)
+    slurm_env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    for variable, value in slurm_env.items():
+        monkeypatch.setenv(variable, value)
+    assert CliRunner().invoke(main, [sys.executable, "-c", "pass"]).exit_code == 0
+    assert checked == []
+    assert CliRunner().invoke(main, ["-H", "a:2,b:2", sys.executable, "-c", "pass"]).exit_code == 0
+    assert checked == [["a", "b"]]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("bind_to, separate", [("core", True), ("none", False)])
+def test_binding_is_what_was_asked_and_reported(bind_to, separate, mpi_python):
+    job = run_job(2, "affinity.py", rrun_args=("--bind-to", bind_to, "--report-bindings"), python=mpi_python)
+    assert job.returncode == 0, job.stderr
+    cpus = [json.loads(job.lines_of(rank)[0]) for rank in range(2)]
+    if separate:
+        assert all(len(c) == 1 for c in cpus) and cpus[0] != cpus[1]
+    else:
+        assert cpus[0] == cpus[1] == sorted(os.sched_getaffinity(0))
+    for rank in range(2):
+        assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs ", job.stderr), job.stderr
