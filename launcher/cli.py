@@ -101,6 +101,9 @@ def _knob_name(flag):
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
 @click.option("--skip-host-check", is_flag=True,
               help="Do not check, before starting, that every host of -H/--hostfile answers over ssh.")
+@click.option("--grace-seconds", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="After SIGINT or SIGTERM, how long the ranks get to finish (commit a checkpoint) before "
+                   "they are killed; under Slurm keep it below KillWait (30 s by default).")
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start the job again after a failure, up to this many times "
                    "(the ranks see RINGREDUCE_RESTART_COUNT).")
@@ -108,7 +111,8 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
-         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, restarts, command, **knobs):
+         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, grace_seconds, restarts, command,
+         **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
@@ -148,7 +152,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
             click.echo(shlex.join(masked(argv)), err=not dry_run)
         if dry_run:
             return
-        supervisor = Supervisor(argv, verbose)
+        supervisor = Supervisor(argv, verbose, grace_seconds)
         status = supervisor.run()
         if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
             sys.exit(status)

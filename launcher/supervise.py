@@ -17,9 +17,10 @@ POLL_SECONDS = 0.1
 
 
 class Supervisor:
-    def __init__(self, argv, verbose=False):
+    def __init__(self, argv, verbose=False, grace_seconds=GRACE_SECONDS):
         self.argv = argv
         self.verbose = verbose
+        self.grace_seconds = grace_seconds
         self._banners = {}  # sink -> BannerFilter of mpiexec's own lines to it
         self.reports = []
         self.interrupted_by = None
@@ -34,6 +35,7 @@ class Supervisor:
             start_new_session=True,  # a terminal's Ctrl-C reaches rrun alone; rrun ends the job
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._pass_on)
         relays = [
             threading.Thread(target=self._relay, args=(self.process.stdout, sys.stdout.buffer)),
             threading.Thread(target=self._relay, args=(self.process.stderr, sys.stderr.buffer)),
@@ -53,6 +55,11 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self._verdict()
+
+    def _pass_on(self, signum, _frame):
+        """A preemption notice (SIGUSR1): every rank gets it, through mpiexec, and goes on."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
 
     def _on_signal(self, signum, _frame):
         self.interrupted_by = signal.Signals(signum)
@@ -88,11 +95,12 @@ class Supervisor:
             pass
 
     def _end_job(self):
-        """SIGTERM to mpiexec (it ends the ranks on every host), then SIGKILL what is left here."""
+        """SIGTERM to mpiexec (it ends the ranks on every host), then, after the grace period,
+        SIGKILL what is left here."""
         self._remember_family()
         try:
             self.process.send_signal(signal.SIGTERM)
-            self.process.wait(GRACE_SECONDS)
+            self.process.wait(self.grace_seconds)
         except subprocess.TimeoutExpired:
             pass
         self._kill_leftovers()

@@ -46,7 +46,7 @@ _LAZY_WITHOUT_ARRAYS = {
         "mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "cuda_built", "ddl_built",
         "ccl_built", "rocm_built",
     ),
-    "ringreduce.collectives": ("barrier", "join", "poll", "synchronize"),
+    "ringreduce.collectives": ("barrier", "join", "poll", "synchronize", "stop_requested"),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
 }
 # The collectives on arrays: each framework binding has its own, on its tensors, and its own

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from ringreduce import arrays, ops, runtime
+from ringreduce import arrays, ops, preemption, runtime
 from ringreduce import compression as compressions
 from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
@@ -158,6 +158,15 @@ def join(device=-1):
     handle = Handle("join", engine.waiters)
     engine.join(handle)
     return handle.wait()
+
+
+def stop_requested():
+    """True on every rank once any rank has been told to stop (SIGUSR1, which rrun passes on from a
+    scheduler's preemption notice; SIGTERM too once the program has asked). A collective: every
+    rank calls it at the same point, every N steps say, and on True commits a checkpoint and
+    exits, within the scheduler's grace period."""
+    flag = np.array([preemption.requested_here()], dtype=np.uint8)
+    return bool(allreduce(flag, op=ops.Max, name="ringreduce.stop_requested")[0])
 
 
 def poll(handle):

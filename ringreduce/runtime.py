@@ -12,6 +12,7 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
+from ringreduce import preemption
 from ringreduce.algorithms import choice
 from ringreduce.config import Config
 from ringreduce.engine.loop import Engine
@@ -79,6 +80,7 @@ def init(comm=None):
     _check_thread_level()
     _active = Runtime(comm, Config.from_env())
     _install_hooks()
+    preemption.install()
 
 
 def shutdown():
@@ -171,18 +173,34 @@ def straggler_table(rows, cycles):
 
 
 def _check_launch(comm):
-    """Catch the classic mix-up of an mpiexec from one MPI and an mpi4py built on another:
-    each process then starts as a world of its own."""
-    expected = os.environ.get(protocol.WORLD_SIZE_VARIABLE)
-    if comm != MPI.COMM_WORLD or expected is None or int(expected) == comm.size:
-        return
-    library = MPI.Get_library_version().splitlines()[0].strip()
-    raise RingReduceError(
-        f"rrun started {expected} ranks but MPI reports a world of {comm.size}: the mpiexec "
-        f"that rrun ran belongs to a different MPI than the one mpi4py loaded ({library}). "
-        "Run `rrun --check-build`, and point rrun at the matching mpiexec (--mpiexec or "
-        "RRUN_MPIEXEC) or rebuild mpi4py against the site's MPI (see the README)."
-    )
+    """Catch the classic mix-up of a launcher and an mpi4py built on another MPI: each process
+    then starts as a world of its own."""
+    if comm == MPI.COMM_WORLD:
+        problem = launch_mismatch(comm.size, os.environ)
+        if problem:
+            library = MPI.Get_library_version().splitlines()[0].strip()
+            raise RingReduceError(problem.format(library=library))
+
+
+def launch_mismatch(world_size, environ):
+    """What is wrong when the world MPI reports is not the one the launcher started (a message
+    with `{library}` to fill in), or None. rrun says how many ranks it started; without rrun, srun
+    says how many tasks its step has. (When rrun starts Open MPI's daemons through srun, the ranks
+    inherit a step of one task per node: rrun's count is the one that counts then.)"""
+    started = environ.get(protocol.WORLD_SIZE_VARIABLE)
+    if started is not None:
+        return None if int(started) == world_size else (
+            f"rrun started {started} ranks but MPI reports a world of {world_size}: the mpiexec that rrun "
+            "ran belongs to a different MPI than the one mpi4py loaded ({library}). Run `rrun --check-build`, "
+            "and point rrun at the matching mpiexec (--mpiexec or RRUN_MPIEXEC) or rebuild mpi4py against the "
+            "site's MPI (docs/cluster.md).")
+    tasks = environ.get("SLURM_STEP_NUM_TASKS")
+    if tasks is None or "SLURM_PROCID" not in environ or int(tasks) == world_size:
+        return None
+    return (f"srun started {tasks} tasks in this step but MPI reports a world of {world_size}: srun and the MPI "
+            "that mpi4py loaded ({library}) do not share a process-management interface. Start the job with "
+            "`srun --mpi=pmix` (or --mpi=pmi2, whichever the site's MPI was built for; `srun --mpi=list` shows "
+            "what Slurm offers), or with rrun (docs/cluster.md).")
 
 
 def _check_thread_level():

@@ -13,9 +13,11 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from ringreduce import checkpoint
 from ringreduce.launcher import reach
 from ringreduce.launcher.cli import environment, fabric_environment, main
 from ringreduce.launcher.supervise import Supervisor
+from ringreduce.runtime import launch_mismatch
 
 from launch import rrun_command, run_job
 
@@ -273,3 +275,44 @@ def test_binding_is_what_was_asked_and_reported(bind_to, separate, mpi_python):
         assert cpus[0] == cpus[1] == sorted(os.sched_getaffinity(0))
     for rank in range(2):
         assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs ", job.stderr), job.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 0), (signal.SIGTERM, 128 + signal.SIGTERM)])
+def test_a_preemption_notice_lets_every_rank_commit_and_exit(signum, status, mpi_python, tmp_path):
+    """rrun passes SIGUSR1 on to every rank (a scheduler's notice, e.g. Slurm's --signal=B:USR1@120
+    to a batch script that exec's rrun); SIGTERM ends the job after --grace-seconds. Either way
+    ringreduce.stop_requested() becomes true on every rank at the same step."""
+    process = subprocess.Popen(
+        rrun_command(2, "preempted.py", tmp_path, python=mpi_python, rrun_args=("--grace-seconds", "30")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert "training" in process.stdout.readline()
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == status, stderr
+    (saved,) = list(tmp_path.glob("checkpoint-*.rr"))
+    step = checkpoint.read(saved)["step"]
+    if signum == signal.SIGUSR1:
+        assert sorted(stdout.splitlines()[-2:]) == [f"[0]<stdout>:stopped at step {step}",
+                                                    f"[1]<stdout>:stopped at step {step}"]
+
+
+@pytest.mark.parametrize("world, environ, says", [
+    (4, {"RRUN_WORLD_SIZE": "4"}, None),
+    (1, {"RRUN_WORLD_SIZE": "4"}, "rrun started 4 ranks but MPI reports a world of 1: the mpiexec that rrun ran"),
+    (1, {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2"},
+     "srun started 4 tasks in this step but MPI reports a world of 1: srun and the MPI that mpi4py loaded (X)"),
+    (4, {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "2"}, None),
+    # rrun started Open MPI's daemons through srun: their step has one task per node.
+    (4, {"RRUN_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"}, None),
+    (1, {"SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_ID": "9"}, None),  # a batch script's python, not a task of a step
+    (1, {}, None),
+])
+def test_init_names_a_launcher_whose_world_mpi_does_not_see(world, environ, says):
+    problem = launch_mismatch(world, environ)
+    assert (problem is None) == (says is None)
+    if says:
+        assert problem.format(library="X").startswith(says)
