@@ -52,11 +52,15 @@ gpu-wheels:
 		-d .wheels mpich==5.0.2 mpi4py==4.1.2
 
 # The two-host test cluster on this machine (root): network namespaces hosta and hostb, each
-# with its own sshd (Debian's openssh-server, installed if missing). tests/cluster/down.sh undoes it.
+# with its own sshd, and Slurm on them (a controller and one slurmd per host). Debian's packages
+# are installed if missing. tests/cluster/down.sh undoes it.
+CLUSTER_PACKAGES := openssh-server slurmctld slurmd slurm-client munge
 cluster:
-	@test -x /usr/sbin/sshd || DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq openssh-server \
-		|| (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq openssh-server)
+	@test -x /usr/sbin/sshd -a -x /usr/sbin/slurmd -a -x /usr/sbin/slurmctld -a -x /usr/bin/sbatch -a -x /usr/sbin/munged \
+		|| DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq $(CLUSTER_PACKAGES) \
+		|| (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq $(CLUSTER_PACKAGES))
 	tests/cluster/up.sh
+	tests/cluster/slurm_up.sh
 
 # Random collectives across 3 ranks, each checked against numpy (the tests run a short one).
 SOAK_COUNT ?= 50000

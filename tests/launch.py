@@ -46,6 +46,35 @@ class Job:
 ON_HOSTA = ["ip", "netns", "exec", "rr-hosta", "unshare", "--uts", "sh", "-c", 'hostname hosta && exec "$0" "$@"']
 
 
+def require_cluster(reason):
+    """Skip for `reason`, or fail where the cluster is required (`.ci/run` sets
+    RINGREDUCE_REQUIRE_CLUSTER=1, so that the cluster's proofs cannot vanish as skips)."""
+    import pytest
+
+    if os.environ.get("RINGREDUCE_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"RINGREDUCE_REQUIRE_CLUSTER=1 but {reason}")
+    pytest.skip(reason)
+
+
+SLURM_CONF = os.path.join(os.environ.get("RR_CLUSTER_DIR", "/tmp/ringreduce-cluster"), "slurm", "slurm.conf")
+
+
+@functools.cache
+def slurm_missing():
+    """Why Slurm on the test cluster cannot be used (None when it can)."""
+    if cluster_missing():
+        return cluster_missing()
+    try:
+        probe = subprocess.run(ON_HOSTA + ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20,
+                               env=dict(os.environ, SLURM_CONF=SLURM_CONF))
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"Slurm is not reachable on the test cluster ({error}); tests/cluster/slurm_up.sh starts it"
+    if probe.returncode != 0 or "idle" not in probe.stdout and "alloc" not in probe.stdout:
+        return ("Slurm is not up on the test cluster (tests/cluster/slurm_up.sh starts it): "
+                + (probe.stderr.strip().splitlines() or [probe.stdout.strip() or "no answer"])[-1])
+    return None
+
+
 @functools.cache
 def cluster_missing():
     """Why the test cluster cannot be used (None when it can)."""

@@ -9,7 +9,7 @@ import uuid
 import psutil
 import pytest
 
-from launch import cluster_missing, run_job
+from launch import cluster_missing, require_cluster, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.mpi
 @pytest.fixture(autouse=True)
 def cluster():
     if cluster_missing():
-        pytest.skip(cluster_missing())
+        require_cluster(cluster_missing())
 
 
 def test_killing_a_rank_on_the_other_host_ends_the_job_fast_and_names_it():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cases
-from launch import cluster_missing, python_of, run_job
+from launch import cluster_missing, python_of, require_cluster, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -43,7 +43,7 @@ def job(request, tmp_path_factory):
     name, size, env, mpi = request.param
     on_cluster = mpi.startswith("cluster")
     if on_cluster and cluster_missing():
-        pytest.skip(cluster_missing())
+        require_cluster(cluster_missing())
     python = python_of({"cluster": "mpich", "cluster-openmpi": "openmpi"}.get(mpi, mpi))
     out = tmp_path_factory.mktemp(name)
     result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100,

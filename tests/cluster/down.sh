@@ -1,6 +1,9 @@
 #!/bin/sh
-# Undo up.sh: stop the two sshds, remove the namespaces and the marked configuration blocks.
+# Undo up.sh and slurm_up.sh: stop Slurm's daemons and the two sshds, remove the namespaces and the marked configuration blocks.
 state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}
+for daemon in slurmd slurmctld; do  # slurm_up.sh's, found by their configuration
+    pkill -f "$daemon -f $state/slurm/slurm.conf" 2>/dev/null
+done
 for host in a b; do
     [ -f "$state/sshd_$host.pid" ] && kill "$(cat "$state/sshd_$host.pid")" 2>/dev/null
 done

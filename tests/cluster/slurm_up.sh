@@ -1,0 +1,58 @@
+#!/bin/sh
+# Slurm on the two-host test cluster of up.sh (run that first): munge, slurmctld on hosta and one
+# slurmd per host. Each slurmd runs in its host's network and host-name namespaces, so it is that
+# node; its own mount namespace (ip netns exec gives one) holds the cgroup v1 hierarchies slurmd
+# looks for (proctrack/linuxproc and task/none use none of them). The configuration lives in the
+# cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
+# Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Prints "slurm up".
+set -eu
+state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}/slurm
+mkdir -p "$state/ctld" /run/munge /var/log/munge /var/lib/munge
+chown munge:munge /run/munge /var/log/munge /var/lib/munge
+[ -f /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null &&
+                                chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key)
+pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+cat > "$state/slurm.conf" <<CONFIG
+ClusterName=rrtest
+SlurmctldHost=hosta(10.213.7.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$state/ctld
+SlurmdSpoolDir=$state/spool-%n
+SlurmctldPidFile=$state/slurmctld.pid
+SlurmdPidFile=$state/slurmd-%n.pid
+SlurmctldLogFile=$state/slurmctld.log
+SlurmdLogFile=$state/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+KillWait=10
+InactiveLimit=0
+NodeName=hosta NodeAddr=10.213.7.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=hostb NodeAddr=10.213.7.2 CPUs=2 RealMemory=1000 State=UNKNOWN
+PartitionName=test Nodes=hosta,hostb Default=YES MaxTime=INFINITE State=UP
+CONFIG
+printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$state/cgroup.conf"
+ip netns exec rr-hosta unshare --uts sh -c "hostname hosta && exec slurmctld -f $state/slurm.conf"
+for host in a b; do
+    ip netns exec rr-host$host unshare --uts sh -c "hostname host$host && mount -t tmpfs none /sys/fs/cgroup &&
+        for c in freezer cpuset memory devices cpuacct cpu pids; do
+            mkdir -p /sys/fs/cgroup/\$c && mount -t cgroup -o \$c none /sys/fs/cgroup/\$c; done &&
+        exec slurmd -f $state/slurm.conf"
+done
+for attempt in $(seq 30); do
+    if SLURM_CONF=$state/slurm.conf ip netns exec rr-hosta sinfo -h -o %t | grep -qv -e unk -e down; then
+        SLURM_CONF=$state/slurm.conf ip netns exec rr-hosta sinfo -h -o %T | grep -q idle && echo "slurm up" && exit 0
+    fi
+    sleep 1
+done
+echo "slurm did not come up: see $state/*.log" >&2
+exit 1

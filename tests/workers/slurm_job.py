@@ -1,0 +1,15 @@
+"""A rank of a job Slurm placed: its host, place, binding and an allreduce, as JSON.
+Usage: slurm_job.py"""
+
+import json
+import os
+import socket
+
+import numpy as np
+
+import ringreduce as rr
+
+rr.init()
+summed = rr.allreduce(np.full(3, rr.rank() + 1.0), op=rr.Sum, name="slurm")
+print(json.dumps({"host": socket.gethostname(), "rank": rr.rank(), "size": rr.size(), "sum": summed.tolist(),
+                  "cpus": sorted(os.sched_getaffinity(0))}), flush=True)
