@@ -48,6 +48,7 @@ _LAZY_WITHOUT_ARRAYS = {
     ),
     "ringreduce.collectives": ("barrier", "join", "poll", "synchronize", "stop_requested"),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
+    "ringreduce.process_sets": ("ProcessSet", "global_process_set", "add_process_set", "remove_process_set"),
 }
 # The collectives on arrays: each framework binding has its own, on its tensors, and its own
 # Compression, as Horovod's do.

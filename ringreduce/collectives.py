@@ -21,143 +21,156 @@ from ringreduce.ops import Average
 
 
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=Compression.none):
-    """Combine the arrays of all ranks element-wise; every rank gets the result."""
-    return _submit("allreduce", name, lambda: _reduction(
-        tensor, op, prescale_factor, postscale_factor, compression, in_place=False))
+                    compression=Compression.none, process_set=None):
+    """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
+    element-wise; every rank gets the result."""
+    return _submit("allreduce", name, lambda domain: _reduction(
+        tensor, op, prescale_factor, postscale_factor, compression, in_place=False), process_set)
 
 
 def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=Compression.none):
+                     compression=Compression.none, process_set=None):
     """allreduce_async that writes the result into `tensor` (writeable and C-contiguous)."""
-    return _submit("allreduce", name, lambda: _reduction(
-        tensor, op, prescale_factor, postscale_factor, compression, in_place=True))
+    return _submit("allreduce", name, lambda domain: _reduction(
+        tensor, op, prescale_factor, postscale_factor, compression, in_place=True), process_set)
 
 
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=Compression.none):
+                            compression=Compression.none, process_set=None):
     """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
-    return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression),
-                    tensors, name)
+    return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression,
+                                                 process_set), tensors, name, process_set)
 
 
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=Compression.none):
+                             compression=Compression.none, process_set=None):
     """grouped_allreduce_async that writes each result into its array."""
-    return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression),
-                    tensors, name)
+    return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression,
+                                                  process_set), tensors, name, process_set)
 
 
-def grouped_allgather_async(tensors, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=None):
     """allgather of several arrays submitted together; the handle gives a list."""
-    return _grouped(allgather_async, tensors, name)
+    return _grouped(lambda t, n: allgather_async(t, n, process_set), tensors, name, process_set)
 
 
-def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                                process_set=None):
     """reducescatter of several arrays submitted together; the handle gives a list."""
-    return _grouped(lambda t, n: reducescatter_async(t, op, n, prescale_factor, postscale_factor), tensors, name)
+    return _grouped(lambda t, n: reducescatter_async(t, op, n, prescale_factor, postscale_factor, process_set),
+                    tensors, name, process_set)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """Combine the arrays of all ranks and give each rank its share of the first dimension, split
     as evenly as possible with the first ranks taking one more row (as Horovod)."""
-    return _submit("reducescatter", name, lambda: _reduction(
+    return _submit("reducescatter", name, lambda domain: _reduction(
         _with_rows(arrays.as_array(tensor), "reducescatter"), op, prescale_factor, postscale_factor,
-        Compression.none, in_place=False))
+        Compression.none, in_place=False), process_set)
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=None):
     """Concatenate the arrays of all ranks along the first dimension, which may differ by rank."""
-    return _submit("allgather", name, lambda: _gathered(_with_rows(arrays.as_array(tensor), "allgather")))
+    return _submit("allgather", name, lambda domain: _gathered(_with_rows(arrays.as_array(tensor), "allgather")),
+                   process_set)
 
 
-def broadcast_async(tensor, root_rank, name=None):
-    """Every rank gets a copy of the root rank's array."""
-    return _submit("broadcast", name, lambda: _broadcast(tensor, root_rank, in_place=False))
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Every rank gets a copy of the root rank's array (`root_rank` is a rank of the job, as in
+    Horovod, also with a process set)."""
+    return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=False),
+                   process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     """broadcast_async into `tensor` (writeable and C-contiguous) on every rank."""
-    return _submit("broadcast", name, lambda: _broadcast(tensor, root_rank, in_place=True))
+    return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=True),
+                   process_set)
 
 
-def alltoall_async(tensor, splits=None, name=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Send block j of the first dimension to rank j; receive and concatenate one block per rank.
 
     Without `splits` the first dimension is divided equally. With `splits` (rows per
     destination rank) the result is (array, rows received from each rank), as Horovod.
     """
-    return _submit("alltoall", name, lambda: _alltoall(tensor, splits))
+    return _submit("alltoall", name, lambda domain: _alltoall(tensor, splits, domain), process_set)
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              compression=Compression.none):
-    return _synchronously(lambda: allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression))
+              compression=Compression.none, process_set=None):
+    return _synchronously(lambda: allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression,
+                                                  process_set), process_set)
 
 
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=Compression.none):
-    return _synchronously(lambda: allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression))
+               compression=Compression.none, process_set=None):
+    return _synchronously(lambda: allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression,
+                                                   process_set), process_set)
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                      compression=Compression.none):
+                      compression=Compression.none, process_set=None):
     return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                                          compression))
+                                                          compression, process_set), process_set)
 
 
 def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=Compression.none):
+                       compression=Compression.none, process_set=None):
     return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
-                                                           compression))
+                                                           compression, process_set), process_set)
 
 
-def grouped_allgather(tensors, name=None):
-    return _synchronously(lambda: grouped_allgather_async(tensors, name))
+def grouped_allgather(tensors, name=None, process_set=None):
+    return _synchronously(lambda: grouped_allgather_async(tensors, name, process_set), process_set)
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor))
+def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                          process_set=None):
+    return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
+                                                              process_set), process_set)
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor))
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
+                                                      process_set), process_set)
 
 
-def allgather(tensor, name=None):
-    return _synchronously(lambda: allgather_async(tensor, name))
+def allgather(tensor, name=None, process_set=None):
+    return _synchronously(lambda: allgather_async(tensor, name, process_set), process_set)
 
 
-def broadcast(tensor, root_rank, name=None):
-    return _synchronously(lambda: broadcast_async(tensor, root_rank, name))
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    return _synchronously(lambda: broadcast_async(tensor, root_rank, name, process_set), process_set)
 
 
-def broadcast_(tensor, root_rank, name=None):
-    return _synchronously(lambda: broadcast_async_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    return _synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set), process_set)
 
 
-def alltoall(tensor, splits=None, name=None):
-    return _synchronously(lambda: alltoall_async(tensor, splits, name))
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    return _synchronously(lambda: alltoall_async(tensor, splits, name, process_set), process_set)
 
 
-def barrier():
-    """Return only when every rank has called barrier."""
-    _synchronously(lambda: _submit("barrier", None, lambda: ({}, {})))
+def barrier(process_set=None):
+    """Return only when every rank (of `process_set`) has called barrier."""
+    _synchronously(lambda: _submit("barrier", None, lambda domain: ({}, {}), process_set), process_set)
 
 
-def join(device=-1):
-    """Say this rank has no more data. Until every rank has joined, it takes part in the others'
-    allreduces with the op's identity (zero for Sum and Average), so they do not hang. Returns
-    the rank that joined last. Average still divides by the number of ranks.
+def join(device=-1, process_set=None):
+    """Say this rank has no more data. Until every rank (of `process_set`: an extension, Horovod's
+    join has none) has joined, it takes part in the others' allreduces with the op's identity
+    (zero for Sum and Average), so they do not hang. Returns the rank that joined last. Average
+    still divides by the number of ranks.
 
     `device` is Horovod's argument (where its stand-in zeros live); ringreduce makes a joined
     rank's stand-ins where the collective's own arrays live, so it needs none, and accepts it."""
     if not isinstance(device, (int, np.integer)):
         raise TypeError(f"join(device=...) takes a device index (-1: CPU), got {device!r}")
-    engine = runtime.active().engine
-    handle = Handle("join", engine.waiters)
-    engine.join(handle)
-    return handle.wait()
+    domain = runtime.active().domain(process_set)
+    handle = Handle("join", domain.engine.waiters)
+    domain.engine.join(handle)
+    return domain.ranks[handle.wait()]
 
 
 def stop_requested():
@@ -179,10 +192,10 @@ def synchronize(handle):
     return handle.wait()
 
 
-def _grouped(submit, tensors, name):
+def _grouped(submit, tensors, name, process_set):
     """submit(array, name) for each array, named `{name}.{i}` (the naming rule of every grouped
     call), together, so that they fuse."""
-    base = name or runtime.active().auto_name()
+    base = name or runtime.active().domain(process_set).auto_name()
     return GroupHandle([submit(t, f"{base}.{i}") for i, t in enumerate(tensors)])
 
 
@@ -202,7 +215,7 @@ class GroupHandle:
 _calling = threading.local()  # .synchronously: inside a plain (waiting) call on this thread
 
 
-def _synchronously(start):
+def _synchronously(start, process_set):
     """Start a request (start() returns its handle) and wait for it. The engine thread is not
     woken for it: this thread runs the cycles itself while no other thread runs one, which
     spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
@@ -211,22 +224,23 @@ def _synchronously(start):
         handle = start()
     finally:
         _calling.synchronously = False
-    return runtime.active().engine.wait_for(handle)
+    return runtime.active().domain(process_set).engine.wait_for(handle)
 
 
-def _submit(kind, name, build):
-    """Check the arguments (build returns the Message fields and the Request's arrays) and enqueue."""
-    rt = runtime.active()
-    name = name or rt.auto_name()
-    handle = Handle(name, rt.engine.waiters)
+def _submit(kind, name, build, process_set):
+    """Check the arguments (build(domain) returns the Message fields and the Request's arrays) and
+    enqueue to the engine of `process_set`'s domain."""
+    domain = runtime.active().domain(process_set)
+    name = name or domain.auto_name()
+    handle = Handle(name, domain.engine.waiters)
     try:
-        fields, data = build()
+        fields, data = build(domain)
         if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
             data["ready"] = gpu.ready_event()
         request = Request(Message(name=name, kind=kind, **fields), handle, **data)
     except (TypeError, ValueError) as error:
         request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
-    rt.engine.submit(request, wake=not getattr(_calling, "synchronously", False))
+    domain.engine.submit(request, wake=not getattr(_calling, "synchronously", False))
     return handle
 
 
@@ -253,25 +267,27 @@ def _gathered(array):
     return _about(array), dict(input=array)
 
 
-def _broadcast(tensor, root_rank, in_place):
+def _broadcast(tensor, root_rank, domain, in_place):
     array = arrays.writable_in_place(tensor, "broadcast_") if in_place else arrays.as_array(tensor)
     arrays.check_dtype(array)
-    topology = runtime.active().topology
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < topology.size:
-        raise ValueError(f"root_rank {root_rank!r} is not a rank of this job (0 to {topology.size - 1})")
-    fields = _about(array, root=int(root_rank))
+    if not isinstance(root_rank, (int, np.integer)) or root_rank not in domain.ranks:
+        where = (f"of this job (0 to {len(domain.ranks) - 1})" if domain.set_id == 0
+                 else f"in {domain.describe()}")
+        raise ValueError(f"root_rank {root_rank!r} is not a rank {where}")
+    fields = _about(array, root=domain.ranks.index(root_rank))  # the engine's own rank numbers
+    is_root = domain.ranks[domain.engine.rank] == root_rank
     if in_place:
         return fields, dict(output=array)
-    if topology.rank == root_rank and backends.on_device(array):
+    if is_root and backends.on_device(array):
         return fields, dict(output=backends.device_copy(array))
     # The root's values go out from its input, and into its new array on the way.
-    return fields, dict(input=array if topology.rank == root_rank else None, output=backends.new_like(array))
+    return fields, dict(input=array if is_root else None, output=backends.new_like(array))
 
 
-def _alltoall(tensor, splits):
+def _alltoall(tensor, splits, domain):
     array = _with_rows(arrays.as_array(tensor), "alltoall")
     arrays.check_dtype(array)
-    counts = _split_counts(array, splits, runtime.active().topology.size)
+    counts = _split_counts(array, splits, domain.engine.size)
     return (_about(array),
             dict(input=array, splits=counts, return_splits=splits is not None))
 

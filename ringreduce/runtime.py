@@ -4,6 +4,7 @@ leaving the others waiting.
 """
 
 import atexit
+import itertools
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ from ringreduce.engine.loop import Engine
 from ringreduce.engine.requests import Handle
 from ringreduce.engine.timeline import NoTimeline, Timeline
 from ringreduce.engine.wire import Wire
-from ringreduce.errors import NotInitializedError, RingReduceError
+from ringreduce.errors import NotInitializedError, RingReduceError, ranks_text
 from ringreduce.launcher import protocol
 from ringreduce.machine import gpu, topology
 
@@ -27,51 +28,150 @@ _active = None
 _hooks_installed = False
 
 
+class Domain:
+    """One negotiation domain as this rank runs it: the whole job (set 0) or a process set, with
+    its global ranks, its engine (None where this rank is not a member) and the names of its
+    unnamed calls, counted per domain so that they agree among the domain's ranks."""
+
+    def __init__(self, set_id, ranks, engine):
+        self.set_id, self.ranks, self.engine = set_id, list(ranks), engine
+        self._names = itertools.count(1)
+        self._names_lock = threading.Lock()
+
+    def auto_name(self):
+        with self._names_lock:
+            number = next(self._names)
+        return f"noname.{number}" if self.set_id == 0 else f"noname.{self.set_id}.{number}"
+
+    def describe(self):
+        return f"process set {self.set_id} (ranks {', '.join(map(str, self.ranks))})"
+
+
 class Runtime:
     def __init__(self, comm, config):
         self.config = config
-        engine_comm = comm.Dup()
-        self.topology, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
-        selector = choice.select(config, self.topology, engine_comm, host_comm, cross_comm)
-        gpu.select_device(self.topology.local_rank)
+        self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
+        self._next_set_id = 1
+        self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
+        self.domains = {0: Domain(0, range(self.topology.size), self.engine)}
+        self.failing = False
+
+    def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False):
+        """An engine on `engine_comm` (which the engine owns from now on), with the algorithms
+        chosen for its topology; `ranks` name its ranks as the user knows them."""
+        config = self.config
+        place, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
+        selector = choice.select(config, place, engine_comm, host_comm, cross_comm)
+        if select_gpu:
+            gpu.select_device(place.local_rank)
         shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
-        self.gpu_transport = gpu.choose_transport(config.gpu_transport, shared_bits)
-        device_family = choice.device_family(self.gpu_transport, selector, engine_comm, config)
-        timeline = Timeline(config.timeline, self.topology.rank) if config.timeline and \
-            self.topology.rank == 0 else NoTimeline()
+        transport = gpu.choose_transport(config.gpu_transport, shared_bits)
+        device_family = choice.device_family(transport, selector, engine_comm, config)
+        records = config.timeline and place.rank == 0 and ranks is None
+        timeline = Timeline(config.timeline, 0) if records else NoTimeline()
 
         def release():
             for communicator in (host_comm, cross_comm, engine_comm):
                 communicator.Free()
 
-        self.engine = Engine(Wire(engine_comm, config.cache_capacity), selector, config, timeline, device_family,
-                             release, self._tell_rrun_leaving if protocol.under_rrun() else None)
-        self.failing = False
-        self._names = 0
-        self._names_lock = threading.Lock()
+        stranded = self._tell_rrun_leaving if protocol.under_rrun() and ranks is None else None
+        engine = Engine(Wire(engine_comm, config.cache_capacity), selector, config, timeline, device_family,
+                        release, stranded, ranks, where)
+        return place, engine, transport
 
     def _tell_rrun_leaving(self, why):
         """This rank is leaving while others wait for it: no failure by itself, but to blame if
         the others then fail."""
         _tell_rrun(protocol.status_line(self.topology.rank, 0, left=why))
 
-    def auto_name(self):
-        """Names for unnamed calls: the same on every rank that makes its calls in the same order."""
-        with self._names_lock:
-            self._names += 1
-            return f"noname.{self._names}"
+    def domain(self, process_set=None):
+        """The domain of a ProcessSet (None: the whole job), where this rank must be a member."""
+        set_id = 0 if process_set is None else process_set.process_set_id
+        domain = self.domains.get(set_id)
+        if domain is None:
+            raise ValueError(f"{process_set!r} is not a process set of this job: add it with add_process_set() "
+                             "or pass it to init(process_sets=...)")
+        if domain.engine is None:
+            raise ValueError(f"rank {self.topology.rank} is not in {domain.describe()}")
+        return domain
+
+    def domain_ranks(self, set_id):
+        """The global ranks of a process set, whether or not this rank is a member."""
+        if set_id not in self.domains:
+            raise ValueError(f"process set {set_id} is not a process set of this job (removed?)")
+        return self.domains[set_id].ranks
+
+    def add_domain(self, ranks_or_comm):
+        """Make a process set, collectively: every rank of the job calls this, in the same order.
+        Returns its id."""
+        ranks = self._ranks_of(ranks_or_comm)
+        everyone = self.control.allgather(ranks)
+        if any(theirs != ranks for theirs in everyone):
+            by_value = {}
+            for rank, theirs in enumerate(everyone):
+                by_value.setdefault(tuple(theirs), []).append(rank)
+            raise ValueError("add_process_set: the ranks do not agree across the job: " + " but ".join(
+                f"{list(value)} on {ranks_text(who)}" for value, who in by_value.items()))
+        if not ranks or ranks[0] < 0 or ranks[-1] >= self.topology.size or len(set(ranks)) != len(ranks):
+            raise ValueError(f"a process set needs distinct ranks of this job (0 to {self.topology.size - 1}), "
+                             f"got {ranks}")
+        if any(domain.ranks == ranks for domain in self.domains.values()):
+            raise ValueError(f"a process set of ranks {ranks} exists already")
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RingReduceError("process sets run their engines side by side, which needs MPI_THREAD_MULTIPLE")
+        set_id, self._next_set_id = self._next_set_id, self._next_set_id + 1
+        member = self.topology.rank in ranks
+        set_comm = self.control.Split(color=0 if member else 1, key=self.topology.rank)
+        engine = None
+        if member:
+            engine = self._start_engine(set_comm, ranks, f" in process set {set_id}")[1]
+        else:
+            set_comm.Free()
+        self.domains[set_id] = Domain(set_id, ranks, engine)
+        return set_id
+
+    def remove_domain(self, set_id):
+        """Remove a process set, collectively; False for the whole job's set or an unknown one (as
+        Horovod). A set with requests in flight on any rank is a ValueError on every rank."""
+        domain = self.domains.get(set_id)
+        if set_id == 0 or domain is None:
+            return False
+        busy = self.control.allgather(domain.engine is not None and domain.engine.busy())
+        if any(busy):
+            raise ValueError(f"cannot remove {domain.describe()}: requests are in flight on "
+                             f"{ranks_text([r for r, b in enumerate(busy) if b])}")
+        if domain.engine is not None:
+            _stop(domain.engine)
+        del self.domains[set_id]
+        return True
+
+    def _ranks_of(self, ranks_or_comm):
+        """The sorted global ranks of a list of ranks, or of an mpi4py communicator's members."""
+        if isinstance(ranks_or_comm, MPI.Comm):
+            members = ranks_or_comm.Get_group()
+            return sorted(MPI.Group.Translate_ranks(members, list(range(members.size)), self.control.Get_group()))
+        return sorted(int(r) for r in ranks_or_comm)
 
     def close(self):
-        handle = Handle("shutdown")
-        self.engine.shutdown(handle)
-        handle.wait()
+        for set_id in sorted(self.domains, reverse=True):  # the sets first, then the whole job's engine
+            if self.domains[set_id].engine is not None:
+                _stop(self.domains[set_id].engine)
+        self.control.Free()
         if self.config.straggler_report and self.topology.rank == 0:
             print(straggler_table(self.engine.straggler_report, self.engine.negotiator.stragglers.cycles),
                   file=sys.stderr, flush=True)
 
 
-def init(comm=None):
-    """Start ringreduce on `comm` (default: MPI.COMM_WORLD). Calling it again does nothing."""
+def _stop(engine):
+    handle = Handle("shutdown")
+    engine.shutdown(handle)
+    handle.wait()
+
+
+def init(comm=None, process_sets=None):
+    """Start ringreduce on `comm` (default: MPI.COMM_WORLD), with these ProcessSets (Horovod's
+    argument; "dynamic" is accepted, and needed for nothing: sets can be added at any time).
+    Calling it again does nothing."""
     global _active
     if _active is not None:
         return
@@ -81,6 +181,8 @@ def init(comm=None):
     _active = Runtime(comm, Config.from_env())
     _install_hooks()
     preemption.install()
+    for process_set in [] if process_sets in (None, "dynamic") else process_sets:
+        process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks)
 
 
 def shutdown():

@@ -25,8 +25,8 @@ LAUNCHER_PROTOCOL = "ringreduce.launcher.protocol"
 
 # The core's layers, top first; a module belongs to the first prefix it starts with.
 LAYERS = (
-    ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.collectives", "ringreduce.runtime",
-                    "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption")),
+    ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets", "ringreduce.collectives",
+                    "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),

@@ -53,13 +53,14 @@ _OTHER_FIELDS = (
 )
 
 
-def disagreement(messages, ranks):
-    """None when the ranks' messages for one name fit together, else the error all of them raise."""
+def disagreement(messages, ranks, where=""):
+    """None when the ranks' messages for one name fit together, else the error all of them raise.
+    `ranks` are the ranks as the user knows them; `where` names a process set (" in process set 1")."""
     problems = {}  # (type name, text) -> ranks
     for rank, message in zip(ranks, messages, strict=True):
         if message.problem:
             problems.setdefault(message.problem, []).append(rank)
-    title = f"{messages[0].kind} {messages[0].name!r}"
+    title = f"{messages[0].kind} {messages[0].name!r}{where}"
     if problems:
         (type_name, text), first_ranks = next(iter(problems.items()))
         if len(problems) == 1:

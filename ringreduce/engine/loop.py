@@ -31,20 +31,25 @@ IDLE_SECONDS = 0.1
 
 
 class Engine:
-    def __init__(self, wire, algorithms, config, timeline, device_family=None, release=None, on_stranded=None):
+    def __init__(self, wire, algorithms, config, timeline, device_family=None, release=None, on_stranded=None,
+                 ranks=None, where=""):
         """The cycles talk through `wire` and run collectives with `algorithms`; `device_family()`
         builds the transport for CuPy arrays. After the last cycle of a shutdown the engine closes
         both and calls `release()` (the communicators they ran on are the caller's). A rank that
-        leaves while others wait for it calls `on_stranded(why)` once."""
+        leaves while others wait for it calls `on_stranded(why)` once. `ranks` are the ranks of
+        the engine's communicator as the user knows them (a process set's global ranks), and
+        `where` names the set in messages."""
         self.wire = wire
         self.algorithms = algorithms
         self.rank, self.size = wire.rank, wire.size
+        self.ranks = list(ranks) if ranks is not None else list(range(self.size))
+        self.global_rank = self.ranks[self.rank]
         self.config = config
         self.timeline = timeline
         self._release = release
         self._on_stranded = on_stranded
         self.negotiator = Negotiator(self.size, config.cache_capacity, config.stall_check_seconds,
-                                     config.stall_shutdown_seconds, config.deadlock_seconds)
+                                     config.stall_shutdown_seconds, config.deadlock_seconds, self.ranks, where)
         self.waiters = Waiters()  # the handles of this engine's requests count their blocked waits here
         self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
         self.stats = dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0)
@@ -87,6 +92,11 @@ class Engine:
             previous, self.timeline = self.timeline, timeline
             self.executor.timeline = timeline
         previous.close()
+
+    def busy(self):
+        """Has this rank requests in flight here?"""
+        with self._queue_lock:
+            return bool(self._incoming or self._pending or self._join_handle)
 
     def join(self, handle):
         self.submit((_JOIN, handle))
@@ -179,9 +189,9 @@ class Engine:
             self._join_handle.finish(outcome.join_done)
             self._join_handle = None
         if outcome.stall_warning:
-            sys.stderr.write(f"[rank {self.rank}] {outcome.stall_warning}\n")
+            sys.stderr.write(f"[rank {self.global_rank}] {outcome.stall_warning}\n")
             if self.config.stall_stacks:  # where each thread of this rank is, the missing one's included
-                sys.stderr.write(f"[rank {self.rank}] Python stacks (most recent call first):\n")
+                sys.stderr.write(f"[rank {self.global_rank}] Python stacks (most recent call first):\n")
                 sys.stderr.flush()
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             sys.stderr.flush()
@@ -197,15 +207,15 @@ class Engine:
                 for name in list(self._pending):
                     request = self._pending.pop(name)
                     request.handle.finish(error=RingReduceError(
-                        f"shutdown() was called on rank {self.rank} while {request.message.kind} "
+                        f"shutdown() was called on rank {self.global_rank} while {request.message.kind} "
                         f"{name!r} was still pending"))
             return
         request = item
         if self._shutdown_handle is not None:
-            request.handle.finish(error=RingReduceError(f"ringreduce is shutting down on rank {self.rank}"))
+            request.handle.finish(error=RingReduceError(f"ringreduce is shutting down on rank {self.global_rank}"))
         elif request.name in self._pending:
             request.handle.finish(error=ValueError(
-                f"{request.message.kind} {request.name!r} was submitted again on rank {self.rank} while the "
+                f"{request.message.kind} {request.name!r} was submitted again on rank {self.global_rank} while the "
                 "first one is still in flight; give each in-flight request its own name"))
         else:
             self._pending[request.name] = request
@@ -259,7 +269,7 @@ class Engine:
     def _break(self, cause):
         """Fail everything in flight and every later request, with `cause` chained to the error they
         raise (its traceback is not lost); the engine thread stops."""
-        failure = RingReduceError(f"the ringreduce engine on rank {self.rank} failed: {cause!r}")
+        failure = RingReduceError(f"the ringreduce engine on rank {self.global_rank} failed: {cause!r}")
         failure.__cause__ = cause
         with self._queue_lock:
             self._failure = failure

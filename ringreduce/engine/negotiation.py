@@ -85,8 +85,12 @@ class Stragglers:
 
 class Negotiator:
     def __init__(self, size, cache_capacity, stall_check_seconds=60.0, stall_shutdown_seconds=None,
-                 deadlock_seconds=0.0):
+                 deadlock_seconds=0.0, ranks=None, where=""):
+        """`ranks`: the ranks as the user knows them (a process set's global ranks), by index;
+        `where` names the process set in messages (" in process set 1")."""
         self.size = size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))
+        self.where = where
         self.deadlock_seconds = deadlock_seconds
         self._quiet_since = None  # since when, by this rank's clock, nothing arrived and nothing ran
         self.table = {}  # name -> Entry, in the order the names were first seen
@@ -180,24 +184,24 @@ class Negotiator:
 
     def _decide(self, name, entry, joined, leaving):
         missing = [r for r in range(self.size) if r not in entry.messages]
-        title = f"{entry.kind} {name!r}"
+        title = f"{entry.kind} {name!r}{self.where}"
         if leaving:
-            waiting = ranks_text(sorted(entry.messages))
+            waiting = self._text(sorted(entry.messages))
             return self._fail(name, entry, PeerExitedError(
-                f"{ranks_text(leaving)} shut down while {waiting} waited in {title}; "
+                f"{self._text(leaving)} shut down while {waiting} waited in {title}; "
                 "every rank must make the same collective calls"))
         if any(r not in joined for r in missing):
             return None
         if missing and entry.kind != "allreduce":
             return self._fail(name, entry, RingReduceError(
-                f"{title} cannot run: {ranks_text(missing)} called join(); only allreduce goes on "
+                f"{title} cannot run: {self._text(missing)} called join(); only allreduce goes on "
                 "while ranks are joining"))
         messages = tuple(entry.messages.get(r) for r in range(self.size))
         cached = None if missing else self.cache.cached(name, messages)
         if cached is not None:
             return self._cache_hit(cached)
         error = agreement.disagreement([m for m in messages if m is not None],
-                                       [r for r in range(self.size) if messages[r] is not None])
+                                       [self.ranks[r] for r in range(self.size) if messages[r] is not None], self.where)
         response = Response(name, messages, error)
         if error is None and not missing:
             self.cache.remember(response)
@@ -234,11 +238,11 @@ class Negotiator:
         waits = []
         for rank in range(self.size):
             names = [f"{entry.kind} {name!r}" for name, entry in self.table.items() if rank in entry.messages]
-            waits.append(f"{ranks_text([rank])} waits in " + (", ".join(names) if names else "join()" if rank in
+            waits.append(f"{self._text([rank])} waits in " + (", ".join(names) if names else "join()" if rank in
                                                                joined else "nothing of these"))
         error = DeadlockError(
-            f"deadlock: every rank has been blocked for {self.deadlock_seconds:g} s with nothing new submitted "
-            f"anywhere: {'; '.join(waits)}. Every rank must make the same collective calls "
+            f"deadlock{self.where}: every rank has been blocked for {self.deadlock_seconds:g} s with nothing new "
+            f"submitted anywhere: {'; '.join(waits)}. Every rank must make the same collective calls "
             "(RINGREDUCE_DEADLOCK_TIME sets how long to wait, 0 never)")
         for name, entry in list(self.table.items()):
             del self.table[name]
@@ -246,8 +250,12 @@ class Negotiator:
 
     def _describe_stall(self, name, entry, now):
         missing = [r for r in range(self.size) if r not in entry.messages]
-        return (f"{entry.kind} {name!r}: submitted by {ranks_text(sorted(entry.messages))} "
-                f"{now - min(entry.arrival.values()):.0f} s ago, still missing from {ranks_text(missing)}")
+        return (f"{entry.kind} {name!r}{self.where}: submitted by {self._text(sorted(entry.messages))} "
+                f"{now - min(entry.arrival.values()):.0f} s ago, still missing from {self._text(missing)}")
+
+    def _text(self, indices):
+        """'rank 3' or 'ranks 0, 2': ranks of this domain by index, named as the user knows them."""
+        return ranks_text([self.ranks[i] for i in indices])
 
 
 def _all_alike_and_cached(states, announcements):

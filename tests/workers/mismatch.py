@@ -43,6 +43,13 @@ def run(case):
         rr.allreduce(np.ones(3, dtype=bool), op=rr.Sum)
     elif case == "root-out-of-range":
         rr.broadcast(np.zeros(3), root_rank=rr.size())
+    elif case == "set-shapes":  # within process set [1, 2]; rank 0 is not in it and calls nothing
+        pair = rr.add_process_set([1, 2])
+        try:
+            if pair.included():
+                rr.allreduce(np.zeros(4 if odd else 3), name="grad", process_set=pair)
+        finally:
+            rr.remove_process_set(pair)
     elif case == "before-init":
         rr.shutdown()
         rr.allreduce(np.zeros(3))

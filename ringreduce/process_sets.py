@@ -1,0 +1,86 @@
+"""Process sets: collectives among some of the job's ranks, as in Horovod.
+
+Each set is its own negotiation domain (its own communicator, engine thread and cache), so
+collectives on disjoint or overlapping sets run side by side and in any order across sets. Every
+rank of the job makes and removes sets together, in the same order; a rank passes a set only to
+collectives of sets it is a member of. Ranks are global ranks everywhere (root_rank too); rank()
+gives the rank within the set, to read an allgather's result.
+"""
+
+from ringreduce import runtime
+
+
+class ProcessSet:
+    """Some of the job's ranks, given as a list of global ranks or as an mpi4py communicator.
+    Pass it to init(process_sets=[...]) or add_process_set() to make it usable; until then
+    process_set_id is None."""
+
+    def __init__(self, ranks_or_comm):
+        self.process_set_id = None
+        self._given_ranks = None
+        self.mpi_comm = None
+        if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator; MPI itself stays in the runtime
+            self.mpi_comm = ranks_or_comm
+        else:
+            try:
+                self._given_ranks = sorted(int(rank) for rank in ranks_or_comm)
+            except TypeError:
+                raise ValueError("a ProcessSet is made from a list of ranks or an mpi4py communicator, "
+                                 f"got {ranks_or_comm!r}") from None
+
+    @property
+    def ranks(self):
+        """The set's global ranks, sorted; None for a communicator's set before it is made."""
+        if self.process_set_id is not None and runtime.is_initialized():
+            return runtime.active().domain_ranks(self.process_set_id)
+        return self._given_ranks
+
+    def size(self):
+        """How many ranks the set has; None before it is made."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self):
+        """This rank's place within the set (what allgather orders by); None before it is made."""
+        if self.process_set_id is None:
+            return None
+        me = runtime.active().topology.rank
+        if me not in self.ranks:
+            raise ValueError(f"rank {me} is not in {self}")
+        return self.ranks.index(me)
+
+    def included(self):
+        """Is this rank a member? None before the set's ranks are known."""
+        if self.ranks is None:
+            return None
+        return runtime.active().topology.rank in self.ranks
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def add_process_set(process_set):
+    """Make a set (a ProcessSet or a list of ranks) after init, on every rank of the job together,
+    and return it. Ranks that disagree, a rank outside the job or a set that exists already are a
+    ValueError on every rank. Unlike Horovod, no environment variable is needed, and a set made
+    from a communicator may be added too."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} has been added already")
+    process_set.process_set_id = runtime.active().add_domain(process_set.mpi_comm or process_set.ranks)
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Remove a set, on every rank of the job together. False (as in Horovod) for the global set
+    or one that was never made; a set with collectives in flight is a ValueError."""
+    if process_set.process_set_id is None:
+        return False
+    removed = runtime.active().remove_domain(process_set.process_set_id)
+    if removed:
+        process_set.process_set_id = None
+    return removed

@@ -1,0 +1,134 @@
+"""Process sets through the real rrun and MPI at 3 and 4 ranks: every collective on sets given to
+init, added later, overlapping and of one rank, submitted in different orders on different
+ranks, against numpy; and each misuse, an error on the ranks involved (never a hang)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import cases
+from launch import python_of, run_job
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module", params=[(3, "mpich"), (4, "mpich"), (3, "openmpi")],
+                ids=["mpich-3", "mpich-4", "openmpi-3"])
+def job(request, tmp_path_factory):
+    size, mpi = request.param
+    out = tmp_path_factory.mktemp(f"sets-{mpi}-{size}")
+    result = run_job(size, "process_sets.py", out, python=python_of(mpi), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
+    return size, ranks, reports
+
+
+def set_ranks(size):
+    return {"global": list(range(size)), "evens": list(range(0, size, 2)), "pair": [0, 1],
+            "tail": list(range(1, size)), "alone": [size - 1]}
+
+
+def test_sets_know_their_ranks_ids_and_members(job):
+    size, _, reports = job
+    for rank, report in enumerate(reports):
+        info = report["info"]
+        for key, members in set_ranks(size).items():
+            assert info[key]["ranks"] == members, (key, rank)
+            assert info[key]["size"] == len(members)
+            assert info[key]["included"] == (rank in members)
+            assert info[key]["rank"] == (members.index(rank) if rank in members else None)
+        # init's sets in the order given, then the added ones: the same ids on every rank.
+        assert [info[k]["id"] for k in ("global", "evens", "pair", "tail", "alone")] == [0, 1, 2, 3, 4]
+
+
+def test_every_collective_on_every_set_matches_numpy(job):
+    size, ranks, _ = job
+    for key, members in set_ranks(size).items():
+        n = len(members)
+        for rank in members:
+            got = ranks[rank]
+            np.testing.assert_array_equal(got[f"{key}-sum"], cases.reference_reduce(
+                [cases.values(r, "float64", 1003) for r in members], "Sum"), err_msg=f"{key} rank {rank}")
+            np.testing.assert_array_equal(got[f"{key}-average"], cases.reference_reduce(
+                [cases.values(r, "float32", 17) for r in members], "Average"))
+            np.testing.assert_array_equal(got[f"{key}-max"], cases.reference_reduce(
+                [cases.values(r, "int32", 40) for r in members], "Max"))
+            np.testing.assert_array_equal(got[f"{key}-allgather"], np.concatenate(
+                [cases.values(r, "int64", 2 * (r + 1)).reshape(-1, 2) for r in members]))
+            np.testing.assert_array_equal(got[f"{key}-broadcast"], cases.values(members[-1], "float64", 31))
+            whole = cases.reference_reduce(
+                [cases.values(r, "float32", 3 * (2 * n + 1)).reshape(-1, 3) for r in members], "Sum")
+            mine = members.index(rank)
+            start = 2 * mine + (mine > 0)  # 2n+1 rows: the set's first rank takes the extra one
+            np.testing.assert_array_equal(got[f"{key}-reducescatter"], whole[start:start + 2 + (mine == 0)])
+            sent = {r: cases.values(r, "int32", 2 * n).reshape(n, 2) for r in members}
+            np.testing.assert_array_equal(got[f"{key}-alltoall"],
+                                          np.concatenate([sent[r][mine:mine + 1] for r in members]))
+            np.testing.assert_array_equal(got[f"{key}-grouped"], np.concatenate([cases.reference_reduce(
+                [cases.values(r, "float64", length) for r in members], "Sum") for length in (5, 7)]))
+
+
+def test_objects_on_sets_use_global_root_ranks(job):
+    size, _, reports = job
+    for key, members in set_ranks(size).items():
+        for rank in members:
+            info = reports[rank]["info"][key]
+            assert info["object"] == {"from": members[0]}
+            assert info["objects"] == [10 * r for r in members]
+
+
+def test_a_set_busy_on_one_rank_is_not_removed_anywhere_and_is_removed_once_idle(job):
+    size, ranks, reports = job
+    for report in reports:
+        kind, text = report["errors"]["remove-busy"]
+        assert kind == "ValueError" and "requests are in flight on rank 1" in text
+        assert f"ranks {', '.join(map(str, range(1, size)))}" in text
+        assert report["info"]["removed-global"] is False
+        assert report["info"]["removed-tail"] is True
+        assert report["info"]["removed-tail-again"] is False
+        kind, text = report["errors"]["use-removed"]
+        assert kind == "ValueError" and "not a process set of this job" in text
+    for rank in range(1, size):
+        np.testing.assert_array_equal(ranks[rank]["tail-late"], np.full(4, sum(range(1, size)), np.float64))
+    for rank in range(size):
+        np.testing.assert_array_equal(ranks[rank]["after-global"], cases.reference_reduce(
+            [cases.values(r, "float64", 9) for r in range(size)], "Sum"))
+    for rank in range(0, size, 2):
+        np.testing.assert_array_equal(ranks[rank]["after-evens"], cases.reference_reduce(
+            [cases.values(r, "float64", 9) for r in range(0, size, 2)], "Sum"))
+
+
+def test_misuse_is_a_clear_error_on_the_ranks_involved(job):
+    size, _, reports = job
+    for rank, report in enumerate(reports):
+        errors = report["errors"]
+        if "not-a-member" in errors:
+            kind, text = errors["not-a-member"]
+            assert kind == "ValueError" and f"rank {rank} is not in process set" in text
+        if rank % 2 == 0:
+            kind, text = errors["root-outside"]
+            assert kind == "ValueError" and "root_rank 1 is not a rank in process set 1" in text
+        kind, text = errors["never-added"]
+        assert kind == "ValueError" and "add_process_set" in text
+        kind, text = errors["disagree"]  # on every rank, naming who passed what
+        assert kind == "ValueError"
+        assert f"[0, 1] on rank 0 but [0, {size - 1}] on ranks 1" in text
+        kind, text = errors["duplicate"]
+        assert kind == "ValueError" and "exists already" in text
+        kind, text = errors["outside-the-job"]
+        assert kind == "ValueError" and f"0 to {size - 1}" in text
+    assert any("not-a-member" in report["errors"] for report in reports)
+
+
+def test_a_mismatch_within_a_set_is_an_error_on_its_ranks_naming_the_set():
+    job = run_job(3, "mismatch.py", "--catch", "set-shapes", timeout=90)
+    assert job.returncode == 0, job.stderr[-3000:]
+    expected = ("set-shapes: caught MismatchError: allreduce 'grad' in process set 1 does not match across ranks: "
+                "shape (4,) on rank 1 but (3,) on rank 2")
+    for rank in (1, 2):
+        assert any(line.startswith(expected) for line in job.lines_of(rank)), job.lines_of(rank)
+    assert "set-shapes: no error" in job.lines_of(0)
+    for rank in range(3):
+        assert "set-shapes: afterwards sum = [3.0, 3.0]" in job.lines_of(rank)
