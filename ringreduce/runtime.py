@@ -101,9 +101,10 @@ class Runtime:
             raise ValueError(f"process set {set_id} is not a process set of this job (removed?)")
         return self.domains[set_id].ranks
 
-    def add_domain(self, ranks_or_comm):
+    def add_domain(self, ranks_or_comm, at_init=False):
         """Make a process set, collectively: every rank of the job calls this, in the same order.
-        Returns its id."""
+        Returns its id. At init, a set of every rank is the global set (id 0), as in Horovod;
+        later it is a duplicate."""
         ranks = self._ranks_of(ranks_or_comm)
         everyone = self.control.allgather(ranks)
         if any(theirs != ranks for theirs in everyone):
@@ -115,6 +116,8 @@ class Runtime:
         if not ranks or ranks[0] < 0 or ranks[-1] >= self.topology.size or len(set(ranks)) != len(ranks):
             raise ValueError(f"a process set needs distinct ranks of this job (0 to {self.topology.size - 1}), "
                              f"got {ranks}")
+        if at_init and ranks == self.domains[0].ranks:
+            return 0
         if any(domain.ranks == ranks for domain in self.domains.values()):
             raise ValueError(f"a process set of ranks {ranks} exists already")
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -170,7 +173,8 @@ def _stop(engine):
 
 def init(comm=None, process_sets=None):
     """Start ringreduce on `comm` (default: MPI.COMM_WORLD), with these ProcessSets (Horovod's
-    argument; "dynamic" is accepted, and needed for nothing: sets can be added at any time).
+    argument; "dynamic" is accepted, and needed for nothing: sets can be added at any time, see
+    docs/horovod.md).
     Calling it again does nothing."""
     global _active
     if _active is not None:
@@ -182,7 +186,7 @@ def init(comm=None, process_sets=None):
     _install_hooks()
     preemption.install()
     for process_set in [] if process_sets in (None, "dynamic") else process_sets:
-        process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks)
+        process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks, at_init=True)
 
 
 def shutdown():

@@ -127,3 +127,17 @@ def expected_gradients(rank, size):
         "alltoall-received": received[rank],
         "grouped": np.stack([all_w, 2 * all_w]),
     }
+
+
+def process_set_layout(size):
+    """The process sets of the process-set tests: (given to init, added after init), each
+    {name: ranks as given}. One set is every rank, reversed (the global set, as in Horovod);
+    they overlap, and one has a single rank."""
+    at_init = {"everyone": list(reversed(range(size))), "evens": list(range(0, size, 2))}
+    added = {"alone": [size - 1]}
+    if size > 2:
+        at_init["pair"] = [1, 0]
+        added = {"tail": list(range(1, size)), **added}
+    if size == 4:  # on the two-host cluster: pair inside hosta, last-two inside hostb, the rest across
+        added["last-two"] = [2, 3]
+    return at_init, added
