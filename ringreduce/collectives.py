@@ -18,10 +18,11 @@ from ringreduce.engine.agreement import Message
 from ringreduce.engine.requests import Handle, Request
 from ringreduce.machine import backends, gpu
 from ringreduce.ops import Average
+from ringreduce.process_sets import global_process_set
 
 
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=Compression.none, process_set=None):
+                    compression=Compression.none, process_set=global_process_set):
     """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
     element-wise; every rank gets the result."""
     return _submit("allreduce", name, lambda domain: _reduction(
@@ -29,39 +30,40 @@ def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscal
 
 
 def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=Compression.none, process_set=None):
+                     compression=Compression.none, process_set=global_process_set):
     """allreduce_async that writes the result into `tensor` (writeable and C-contiguous)."""
     return _submit("allreduce", name, lambda domain: _reduction(
         tensor, op, prescale_factor, postscale_factor, compression, in_place=True), process_set)
 
 
 def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=Compression.none, process_set=None):
+                            compression=Compression.none, process_set=global_process_set):
     """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
     return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression,
                                                  process_set), tensors, name, process_set)
 
 
 def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=Compression.none, process_set=None):
+                             compression=Compression.none, process_set=global_process_set):
     """grouped_allreduce_async that writes each result into its array."""
     return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression,
                                                   process_set), tensors, name, process_set)
 
 
-def grouped_allgather_async(tensors, name=None, process_set=None):
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """allgather of several arrays submitted together; the handle gives a list."""
     return _grouped(lambda t, n: allgather_async(t, n, process_set), tensors, name, process_set)
 
 
 def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=None):
+                                process_set=global_process_set):
     """reducescatter of several arrays submitted together; the handle gives a list."""
     return _grouped(lambda t, n: reducescatter_async(t, op, n, prescale_factor, postscale_factor, process_set),
                     tensors, name, process_set)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=global_process_set):
     """Combine the arrays of all ranks and give each rank its share of the first dimension, split
     as evenly as possible with the first ranks taking one more row (as Horovod)."""
     return _submit("reducescatter", name, lambda domain: _reduction(
@@ -69,26 +71,26 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
         Compression.none, in_place=False), process_set)
 
 
-def allgather_async(tensor, name=None, process_set=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Concatenate the arrays of all ranks along the first dimension, which may differ by rank."""
     return _submit("allgather", name, lambda domain: _gathered(_with_rows(arrays.as_array(tensor), "allgather")),
                    process_set)
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Every rank gets a copy of the root rank's array (`root_rank` is a rank of the job, as in
     Horovod, also with a process set)."""
     return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=False),
                    process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """broadcast_async into `tensor` (writeable and C-contiguous) on every rank."""
     return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=True),
                    process_set)
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Send block j of the first dimension to rank j; receive and concatenate one block per rank.
 
     Without `splits` the first dimension is divided equally. With `splits` (rows per
@@ -98,66 +100,67 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              compression=Compression.none, process_set=None):
+              compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression,
                                                   process_set), process_set)
 
 
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=Compression.none, process_set=None):
+               compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression,
                                                    process_set), process_set)
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                      compression=Compression.none, process_set=None):
+                      compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
                                                           compression, process_set), process_set)
 
 
 def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=Compression.none, process_set=None):
+                       compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
                                                            compression, process_set), process_set)
 
 
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
     return _synchronously(lambda: grouped_allgather_async(tensors, name, process_set), process_set)
 
 
 def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                          process_set=None):
+                          process_set=global_process_set):
     return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
                                                               process_set), process_set)
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=global_process_set):
     return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
                                                       process_set), process_set)
 
 
-def allgather(tensor, name=None, process_set=None):
+def allgather(tensor, name=None, process_set=global_process_set):
     return _synchronously(lambda: allgather_async(tensor, name, process_set), process_set)
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     return _synchronously(lambda: broadcast_async(tensor, root_rank, name, process_set), process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return _synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set), process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return _synchronously(lambda: alltoall_async(tensor, splits, name, process_set), process_set)
 
 
-def barrier(process_set=None):
+def barrier(process_set=global_process_set):
     """Return only when every rank (of `process_set`) has called barrier."""
     _synchronously(lambda: _submit("barrier", None, lambda domain: ({}, {}), process_set), process_set)
 
 
-def join(device=-1, process_set=None):
+def join(device=-1, process_set=global_process_set):
     """Say this rank has no more data. Until every rank (of `process_set`: an extension, Horovod's
     join has none) has joined, it takes part in the others' allreduces with the op's identity
     (zero for Sum and Average), so they do not hang. Returns the rank that joined last. Average

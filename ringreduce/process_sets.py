@@ -58,6 +58,13 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
 
+def by_id(process_set_id):
+    """The made set with this id, for calls that name a set by its id (TensorFlow's size_op)."""
+    process_set = ProcessSet(runtime.active().domain_ranks(process_set_id))
+    process_set.process_set_id = process_set_id
+    return process_set
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 

@@ -1,8 +1,9 @@
 """horovod.torch's, horovod.tensorflow's and horovod.tensorflow.keras's public calls, written
 down from Horovod's API documentation (v0.28) as data, against ringreduce's bindings: the same
 parameter names in the same order, and Horovod's defaults where Horovod has one (ringreduce may
-add a default where Horovod has none: that breaks no call). `process_set=` is left out
-everywhere: process sets are not offered yet (docs/horovod.md)."""
+add a default where Horovod has none: that breaks no call). Where ringreduce takes more than
+Horovod (process_set= where Horovod's has none), the extra parameters come last and are listed
+in EXTENSIONS (docs/horovod.md)."""
 
 import inspect
 
@@ -15,42 +16,43 @@ import ringreduce.tensorflow as rr_tf  # noqa: E402
 import ringreduce.tensorflow.keras as rr_keras  # noqa: E402
 import ringreduce.torch as rr  # noqa: E402
 
-ALLREDUCE = "tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0"
-GROUPED_ALLREDUCE = "tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0"
-REDUCESCATTER = "tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0"
-GROUPED_REDUCESCATTER = "tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0"
+SET = "process_set=global_process_set"
+ALLREDUCE = f"tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, {SET}"
+GROUPED_ALLREDUCE = f"tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, {SET}"
+REDUCESCATTER = f"tensor, name=None, op=Average, {SET}, prescale_factor=1.0, postscale_factor=1.0"
+GROUPED_REDUCESCATTER = f"tensors, name=None, op=Average, {SET}, prescale_factor=1.0, postscale_factor=1.0"
 HOROVOD_TORCH = {
     "allreduce": "tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0, "
-                 "postscale_factor=1.0",
+                 f"postscale_factor=1.0, {SET}",
     "allreduce_async": ALLREDUCE,
     "allreduce_": ALLREDUCE,
     "allreduce_async_": ALLREDUCE,
     "grouped_allreduce": "tensors, average=None, name=None, compression=Compression.none, op=None, "
-                         "prescale_factor=1.0, postscale_factor=1.0",
+                         f"prescale_factor=1.0, postscale_factor=1.0, {SET}",
     "grouped_allreduce_async": GROUPED_ALLREDUCE,
     "grouped_allreduce_": GROUPED_ALLREDUCE,
     "grouped_allreduce_async_": GROUPED_ALLREDUCE,
-    "allgather": "tensor, name=None",
-    "allgather_async": "tensor, name=None",
-    "grouped_allgather": "tensors, name=None",
-    "grouped_allgather_async": "tensors, name=None",
-    "broadcast": "tensor, root_rank, name=None",
-    "broadcast_async": "tensor, root_rank, name=None",
-    "broadcast_": "tensor, root_rank, name=None",
-    "broadcast_async_": "tensor, root_rank, name=None",
-    "alltoall": "tensor, splits=None, name=None",
-    "alltoall_async": "tensor, splits=None, name=None",
-    "reducescatter": "tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0, "
+    "allgather": f"tensor, name=None, {SET}",
+    "allgather_async": f"tensor, name=None, {SET}",
+    "grouped_allgather": f"tensors, name=None, {SET}",
+    "grouped_allgather_async": f"tensors, name=None, {SET}",
+    "broadcast": f"tensor, root_rank, name=None, {SET}",
+    "broadcast_async": f"tensor, root_rank, name=None, {SET}",
+    "broadcast_": f"tensor, root_rank, name=None, {SET}",
+    "broadcast_async_": f"tensor, root_rank, name=None, {SET}",
+    "alltoall": f"tensor, splits=None, name=None, {SET}",
+    "alltoall_async": f"tensor, splits=None, name=None, {SET}",
+    "reducescatter": f"tensor, name=None, compression=Compression.none, op=Average, {SET}, prescale_factor=1.0, "
                      "postscale_factor=1.0",
     "reducescatter_async": REDUCESCATTER,
-    "grouped_reducescatter": "tensors, name=None, compression=Compression.none, op=Average, prescale_factor=1.0, "
-                             "postscale_factor=1.0",
+    "grouped_reducescatter": f"tensors, name=None, compression=Compression.none, op=Average, {SET}, "
+                             "prescale_factor=1.0, postscale_factor=1.0",
     "grouped_reducescatter_async": GROUPED_REDUCESCATTER,
     "join": "device=-1",
-    "barrier": "",
+    "barrier": SET,
     "poll": "handle",
     "synchronize": "handle",
-    "init": "comm=None",
+    "init": "comm=None, process_sets=None",
     "shutdown": "",
     "is_initialized": "",
     "start_timeline": "file_path, mark_cycles=False",
@@ -58,13 +60,16 @@ HOROVOD_TORCH = {
     **dict.fromkeys(("size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "is_homogeneous",
                      "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
                      "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built"), ""),
-    "broadcast_object": "obj, root_rank=0, name=None",
-    "allgather_object": "obj, name=None",
+    "broadcast_object": f"obj, root_rank=0, name=None, {SET}",
+    "allgather_object": f"obj, name=None, {SET}",
     "broadcast_parameters": "params, root_rank, prefix=None",
     "broadcast_optimizer_state": "optimizer, root_rank, model=None",
     "DistributedOptimizer": "optimizer, named_parameters=None, compression=Compression.none, "
                             "backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, num_groups=0, "
-                            "groups=None, sparse_as_dense=False",
+                            f"groups=None, sparse_as_dense=False, {SET}",
+    # torch's _BatchNorm's, which Horovod's SyncBatchNorm inherits
+    "SyncBatchNorm": "num_features, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True, device=None, "
+                     "dtype=None",
 }
 # Shared by every binding (the calls that take no tensors).
 NEUTRAL = {name: HOROVOD_TORCH[name] for name in (
@@ -75,31 +80,32 @@ NEUTRAL = {name: HOROVOD_TORCH[name] for name in (
 HOROVOD_TENSORFLOW = {
     **NEUTRAL,
     "allreduce": "tensor, average=None, device_dense='', device_sparse='', compression=Compression.none, op=None, "
-                 "prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False",
+                 f"prescale_factor=1.0, postscale_factor=1.0, name=None, {SET}, ignore_name_scope=False",
     "grouped_allreduce": "tensors, average=None, device_dense='', device_sparse='', compression=Compression.none, "
-                         "op=None, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False, name=None",
-    "allgather": "tensor, name=None, ignore_name_scope=False",
-    "grouped_allgather": "tensors, name=None, ignore_name_scope=False",
-    "broadcast": "tensor, root_rank, name=None, ignore_name_scope=False",
-    "broadcast_": "variables, root_rank, name=None",
-    "alltoall": "tensor, splits=None, name=None, ignore_name_scope=False",
+                         f"op=None, prescale_factor=1.0, postscale_factor=1.0, {SET}, ignore_name_scope=False, "
+                         "name=None",
+    "allgather": f"tensor, name=None, ignore_name_scope=False, {SET}",
+    "grouped_allgather": f"tensors, name=None, ignore_name_scope=False, {SET}",
+    "broadcast": f"tensor, root_rank, name=None, ignore_name_scope=False, {SET}",
+    "broadcast_": f"variables, root_rank, name=None, {SET}",
+    "alltoall": f"tensor, splits=None, name=None, ignore_name_scope=False, {SET}",
     "reducescatter": "tensor, device_dense='', compression=Compression.none, op=Average, name=None, "
-                     "ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0",
+                     f"{SET}, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0",
     "grouped_reducescatter": "tensors, device_dense='', compression=Compression.none, op=Average, "
-                             "prescale_factor=1.0, postscale_factor=1.0",
+                             f"{SET}, prescale_factor=1.0, postscale_factor=1.0",
     "size_op": "process_set_id=0, name=None",
     "local_size_op": "name=None",
     "rank_op": "name=None",
     "local_rank_op": "name=None",
-    "broadcast_variables": "variables, root_rank, inplace=False",
+    "broadcast_variables": f"variables, root_rank, {SET}, inplace=False",
     "broadcast_global_variables": "root_rank",
     "DistributedOptimizer": "optimizer, name=None, use_locking=False, device_dense='', device_sparse='', "
                             "compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1, "
                             "op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False, "
-                            "num_groups=0, groups=None, scale_local_gradients=True",
+                            f"num_groups=0, groups=None, {SET}, scale_local_gradients=True",
     "DistributedGradientTape": "gradtape, device_dense='', device_sparse='', compression=Compression.none, "
                                "sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0, "
-                               "groups=None, scale_local_gradients=True",
+                               f"groups=None, {SET}, scale_local_gradients=True",
 }
 HOROVOD_KERAS = {
     **NEUTRAL,
@@ -112,7 +118,7 @@ HOROVOD_KERAS = {
     "DistributedOptimizer": "optimizer, name=None, device_dense='', device_sparse='', compression=Compression.none, "
                             "sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, "
                             "backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, "
-                            "groups=None, scale_local_gradients=True",
+                            f"groups=None, {SET}, scale_local_gradients=True",
     "BroadcastGlobalVariablesCallback": "root_rank, device=''",
     "MetricAverageCallback": "device=''",
     "LearningRateScheduleCallback": "initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True, "
@@ -123,12 +129,21 @@ HOROVOD_KERAS = {
 BINDINGS = {"torch": (rr, HOROVOD_TORCH), "tensorflow": (rr_tf, HOROVOD_TENSORFLOW),
             "keras": (rr_keras, HOROVOD_KERAS)}
 HOROVOD_TORCH_NAMES = ("Compression", "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError",
-                       "SyncBatchNorm")
+                       "ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "SyncBatchNorm")
+
+
+# What ringreduce takes beyond Horovod, after Horovod's parameters: process sets where Horovod's
+# call has none.
+EXTENSIONS = {
+    ("torch", "join"): SET, ("torch", "broadcast_parameters"): SET, ("torch", "broadcast_optimizer_state"): SET,
+    ("torch", "SyncBatchNorm"): SET, ("tensorflow", "join"): SET, ("keras", "join"): SET,
+}
 
 
 def horovod_parameters(text, binding):
     """[(name, default or inspect.Parameter.empty)] of a parameter list as Horovod documents it."""
-    namespace = {"Compression": binding.Compression, "Average": binding.Average}
+    namespace = {"Compression": binding.Compression, "Average": binding.Average,
+                 "global_process_set": binding.global_process_set}
     signature = inspect.signature(eval(f"lambda {text}: None", namespace))  # noqa: S307 - the table above
     return [(p.name, p.default) for p in signature.parameters.values()]
 
@@ -139,7 +154,7 @@ def test_every_call_takes_horovods_parameters_in_horovods_order(binding, call):
     target = getattr(module, call)
     ours = list(inspect.signature(target.__init__ if inspect.isclass(target) else target).parameters.values())
     ours = [p for p in ours if p.name != "self"]
-    theirs = horovod_parameters(table[call], module)
+    theirs = horovod_parameters(", ".join(filter(None, (table[call], EXTENSIONS.get((binding, call))))), module)
     assert [p.name for p in ours] == [name for name, _ in theirs]
     for parameter, (name, default) in zip(ours, theirs, strict=True):
         if default is not inspect.Parameter.empty:

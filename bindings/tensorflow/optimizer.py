@@ -5,6 +5,7 @@ import keras
 
 import ringreduce as core
 import tensorflow as tf
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
 
@@ -12,11 +13,12 @@ from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps a tf.compat.v1.train.Optimizer; everything but compute_gradients is the wrapped one's."""
 
-    def __init__(self, optimizer, name, use_locking, compression, sparse_as_dense, op, gradient_predivide_factor):
+    def __init__(self, optimizer, name, use_locking, compression, sparse_as_dense, op, gradient_predivide_factor,
+                 process_set):
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
         self._optimizer = optimizer
         self._combine = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                             gradient_predivide_factor=gradient_predivide_factor)
+                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's gradients, averaged over ranks."""
@@ -41,8 +43,8 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, scale_local_gradients=True):
-    """`optimizer` with its gradients averaged over every rank: a tf.compat.v1.train.Optimizer, or a
+                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """`optimizer` with its gradients averaged over the ranks of `process_set`: a tf.compat.v1.train.Optimizer, or a
     Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
     check_groups(num_groups, groups)
     if gradient_predivide_factor != 1.0 and op != core.Average:
@@ -53,10 +55,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         return keras_optimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
                                gradient_predivide_factor=gradient_predivide_factor, op=op,
                                backward_passes_per_step=backward_passes_per_step,
-                               average_aggregated_gradients=average_aggregated_gradients)
+                               average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(f"expected a tf.compat.v1.train.Optimizer or a Keras optimizer, got {optimizer!r}")
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step > 1 needs a Keras optimizer")
     return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
-                                 gradient_predivide_factor)
+                                 gradient_predivide_factor, process_set)

@@ -6,13 +6,14 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce.errors import ranks_text
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
 from ringreduce.tensorflow.compression import Compression
 
 
 def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients",
-                        sparse_as_dense=False, gradient_predivide_factor=1.0):
-    """Gradients combined over ranks, submitted together so that they fuse. None stays None (a
+                        sparse_as_dense=False, gradient_predivide_factor=1.0, process_set=global_process_set):
+    """Gradients combined over the ranks of `process_set`, submitted together so that they fuse. None stays None (a
     variable no rank's loss touched); a gradient that is None on some ranks only is a ValueError
     on every rank that names the variable and the ranks (checked before anything is combined).
     tf.IndexedSlices (from embedding lookups) are gathered, as Horovod does, or made dense first
@@ -24,30 +25,33 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
     present = [i for i, g in enumerate(gradients) if g is not None]
     mask = np.array([[g is not None for g in gradients]], dtype=np.uint8)
-    presence = tensors.allgather(mask, name=f"{name}.present")
+    presence = tensors.allgather(mask, name=f"{name}.present", process_set=process_set)
+    ranks = process_set.ranks
     if tf.executing_eagerly():
-        _check_presence(presence.numpy(), labels, name)
+        _check_presence(presence.numpy(), labels, name, ranks)
         checked = []
     else:
-        checked = [tf.numpy_function(lambda p: _check_presence(p, labels, name) or np.int8(0), [presence], tf.int8,
-                                     stateful=True)]
+        checked = [tf.numpy_function(lambda p: _check_presence(p, labels, name, ranks) or np.int8(0), [presence],
+                                     tf.int8, stateful=True)]
     result = list(gradients)
     if present:
         with tf.control_dependencies(checked):
             reduced = tensors.grouped_allreduce([gradients[i] for i in present], compression=compression, op=op,
                                                 prescale_factor=1.0 / gradient_predivide_factor,
-                                                postscale_factor=gradient_predivide_factor, name=name)
+                                                postscale_factor=gradient_predivide_factor, name=name,
+                                                process_set=process_set)
         for index, value in zip(present, reduced, strict=True):
             result[index] = value
     return result
 
 
-def _check_presence(presence, labels, name):
-    """presence[rank, i]: whether rank has gradient i. Raise where ranks disagree."""
+def _check_presence(presence, labels, name, ranks):
+    """presence[r, i]: whether the set's r-th rank (global rank ranks[r]) has gradient i. Raise
+    where ranks disagree."""
     counts = presence.sum(axis=0)
     for index in np.flatnonzero((counts > 0) & (counts < len(presence))):
-        missing = np.flatnonzero(presence[:, index] == 0).tolist()
-        having = np.flatnonzero(presence[:, index]).tolist()
+        missing = [ranks[r] for r in np.flatnonzero(presence[:, index] == 0)]
+        having = [ranks[r] for r in np.flatnonzero(presence[:, index])]
         raise ValueError(
             f"{name}: the gradient of {labels[index]} is None on {ranks_text(missing)} but not on "
             f"{ranks_text(having)}; every rank's loss must depend on the same variables")
@@ -63,7 +67,8 @@ def check_groups(num_groups, groups):
 
 
 class DistributedGradientTape:
-    """Wraps a tf.GradientTape: `gradient()` returns the gradients averaged over ranks (by `op`),
+    """Wraps a tf.GradientTape: `gradient()` returns the gradients averaged over the ranks of
+    `process_set` (by `op`),
     except those of sources registered with `register_local_source`, which stay this rank's
     (divided by the size with `scale_local_gradients`, as Horovod).
 
@@ -77,14 +82,14 @@ class DistributedGradientTape:
 
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
                  sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 scale_local_gradients=True):
+                 process_set=global_process_set, scale_local_gradients=True):
         check_groups(num_groups, groups)
         if gradient_predivide_factor != 1.0 and op != core.Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         self._tape = gradtape
         self.compression, self.op, self.sparse_as_dense = compression, op, sparse_as_dense
         self.gradient_predivide_factor = gradient_predivide_factor
-        self.scale_local_gradients = scale_local_gradients
+        self.scale_local_gradients, self.process_set = scale_local_gradients, process_set
         self._local_sources = set()
 
     def register_local_source(self, source):
@@ -99,8 +104,8 @@ class DistributedGradientTape:
                   for i, s in enumerate(flat_sources)]
         reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
                                       self.compression, "DistributedGradientTape", self.sparse_as_dense,
-                                      self.gradient_predivide_factor)
-        result = [g / core.size() if g is not None and self.scale_local_gradients else g for g in flat]
+                                      self.gradient_predivide_factor, self.process_set)
+        result = [g / self.process_set.size() if g is not None and self.scale_local_gradients else g for g in flat]
         for index, value in zip(shared, reduced, strict=True):
             result[index] = value
         return tf.nest.pack_sequence_as(gradients, result)

@@ -24,35 +24,40 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce import compression as wire
-from ringreduce import ops
+from ringreduce import ops, process_sets
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
 
 _last_collective = weakref.WeakKeyDictionary()  # graph -> its latest collective node
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False):
-    """Combine `tensor` over every rank (Average by default). A tf.IndexedSlices is gathered
-    instead (its values and indices), Average dividing the values by the size, as Horovod."""
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Combine `tensor` over every rank of `process_set` (Average by default). A tf.IndexedSlices
+    is gathered instead (its values and indices), Average dividing the values by the size, as
+    Horovod."""
     return _combined([tensor], ops.from_average(op, average), compression, prescale_factor, postscale_factor, name,
-                     grouped=False)[0]
+                     process_set, grouped=False)[0]
 
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, ignore_name_scope=False, name=None):
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
     """allreduce of several tensors submitted together, so that they fuse; one graph node."""
     return _combined(list(tensors), ops.from_average(op, average), compression, prescale_factor, postscale_factor,
-                     name, grouped=True)
+                     name, process_set, grouped=True)
 
 
-def _combined(tensors, op, compression, prescale_factor, postscale_factor, name, grouped):
+def _combined(tensors, op, compression, prescale_factor, postscale_factor, name, process_set, grouped):
     """Dense tensors allreduced (as one group, or one alone under `name` itself), tf.IndexedSlices
     gathered."""
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i in range(len(tensors)) if i not in sparse]
     results = [None] * len(tensors)
     if sparse:
-        gathered = _gathered_slices([tensors[i] for i in sparse], op, prescale_factor, postscale_factor, name)
+        gathered = _gathered_slices([tensors[i] for i in sparse], op, prescale_factor, postscale_factor, name,
+                                    process_set)
         for index, result in zip(sparse, gathered, strict=True):
             results[index] = result
     if dense:
@@ -60,14 +65,15 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
 
         def collective(arrays, engine, base):
             scaling = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                           compression=engine)
+                           compression=engine, process_set=process_set)
             if grouped:
                 return core.grouped_allreduce(tensors=arrays, name=base, **scaling)
             return [core.allreduce(tensor=arrays[0], name=base, **scaling)]
 
         def backward(upstream):
             _check_differentiable(op, "allreduce")
-            return _combined(upstream, op, Compression.none, prescale_factor, postscale_factor, None, grouped)
+            return _combined(upstream, op, Compression.none, prescale_factor, postscale_factor, None, process_set,
+                             grouped)
 
         reduced = _differentiable(lambda ts: _compressed(compression, ts, lambda ts, engine: _run(
             "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts))),
@@ -77,88 +83,93 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
     return results
 
 
-def allgather(tensor, name=None, ignore_name_scope=False):
-    """Every rank's tensor concatenated along the first dimension (which may differ by rank)."""
-    return grouped_allgather([tensor], name, ignore_name_scope)[0]
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Every rank's tensor concatenated along the first dimension (which may differ by rank), in
+    the order of `process_set`'s ranks."""
+    return grouped_allgather([tensor], name, ignore_name_scope, process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, ignore_name_scope=False):
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     values = [_value(t) for t in tensors]
 
     def backward(upstream):
         """This rank's rows of the sum over ranks of the gradient."""
-        summed = _combined(upstream, core.Sum, Compression.none, 1.0, 1.0, None, grouped=True)
-        every_ranks_rows = grouped_allgather([tf.shape(v, out_type=tf.int64)[:1] for v in values])
-        return [tf.slice(s, tf.concat([[tf.reduce_sum(rows[:core.rank()])], tf.zeros_like(tf.shape(v)[1:],
-                                                                                          dtype=tf.int64)], 0),
-                         tf.shape(v, out_type=tf.int64))
+        summed = _combined(upstream, core.Sum, Compression.none, 1.0, 1.0, None, process_set, grouped=True)
+        every_ranks_rows = grouped_allgather([tf.shape(v, out_type=tf.int64)[:1] for v in values],
+                                             process_set=process_set)
+        mine = process_set.rank()
+        return [tf.slice(s, tf.concat([[tf.reduce_sum(rows[:mine])], tf.zeros_like(tf.shape(v)[1:], dtype=tf.int64)],
+                                      0), tf.shape(v, out_type=tf.int64))
                 for s, rows, v in zip(summed, every_ranks_rows, values, strict=True)]
 
     return _differentiable(lambda ts: _run("allgather", name, ts, lambda arrays, base: core.grouped_allgather(
-        tensors=arrays, name=base), _rows_unknown(ts)), backward, values)
+        tensors=arrays, name=base, process_set=process_set), _rows_unknown(ts)), backward, values)
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False):
-    """The root rank's tensor, on every rank."""
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """The root rank's tensor (root_rank is a global rank), on every rank of `process_set`."""
     def backward(upstream):
-        summed = allreduce(upstream[0], op=core.Sum)
+        summed = allreduce(upstream[0], op=core.Sum, process_set=process_set)
         return [summed if core.rank() == root_rank else tf.zeros_like(summed)]
 
     return _differentiable(lambda ts: _run(
-        "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base)],
+        "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base,
+                                                                    process_set=process_set)],
         _same_shapes(ts)), backward, [_value(tensor)])[0]
 
 
-def broadcast_(variables, root_rank, name=None):
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     """Assign the root rank's values to every rank's variables; returns the variables."""
     variables = list(variables)
     for index, variable in enumerate(variables):
-        variable.assign(broadcast(variable, root_rank, name=None if name is None else f"{name}.{index}"))
+        variable.assign(broadcast(variable, root_rank, None if name is None else f"{name}.{index}",
+                                  process_set=process_set))
     return variables
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False):
-    """Block j of the first dimension to rank j; without `splits` it is divided equally. With
-    `splits` the result is (tensor, rows received from each rank), as Horovod."""
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Block j of the first dimension to rank j (of `process_set`); without `splits` it is divided
+    equally. With `splits` the result is (tensor, rows received from each rank), as Horovod."""
     values = [_value(tensor)]
     if splits is None:
         return _differentiable(lambda ts: _run(
-            "alltoall", name, ts, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base)],
-            _rows_unknown(ts)), lambda upstream: [alltoall(upstream[0])], values)[0]
+            "alltoall", name, ts, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base,
+                                                                      process_set=process_set)],
+            _rows_unknown(ts)), lambda upstream: [alltoall(upstream[0], process_set=process_set)], values)[0]
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
 
     def collective(arrays, base):
-        result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist(), name=base)
+        result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist(), name=base,
+                                         process_set=process_set)
         return [result, np.asarray(received, dtype=np.int64)]
 
     exchanged = []
 
     def forward(ts):
         exchanged[:] = _run("alltoall", name, ts + [splits], collective,
-                            _rows_unknown(ts) + [tf.TensorShape([core.size()])])
+                            _rows_unknown(ts) + [tf.TensorShape([process_set.size()])])
         return exchanged[:1]
 
-    (result,) = _differentiable(forward, lambda upstream: [alltoall(upstream[0], splits=exchanged[1])[0]], values)
+    (result,) = _differentiable(forward, lambda upstream: [
+        alltoall(upstream[0], splits=exchanged[1], process_set=process_set)[0]], values)
     return result, exchanged[1]
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=core.Average, name=None,
-                  ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
     """Combine every rank's tensor; this rank keeps its share of the first dimension (the first
     ranks one row more where it does not divide evenly)."""
-    return _grouped_reducescatter([tensor], compression, op, prescale_factor, postscale_factor, name)[0]
+    return _grouped_reducescatter([tensor], compression, op, prescale_factor, postscale_factor, name, process_set)[0]
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=core.Average,
-                          prescale_factor=1.0, postscale_factor=1.0):
-    return _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, None)
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    return _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, None, process_set)
 
 
 def size_op(process_set_id=0, name=None):
-    """The number of ranks, as a tensor (Horovod's op; only the global set's id, 0, exists here)."""
-    if process_set_id != 0:
-        raise ValueError(f"process set {process_set_id} does not exist: process sets are not offered yet")
-    return tf.constant(core.size(), dtype=tf.int32, name=name)
+    """The number of ranks of a process set (by its id; 0, the whole job), as a tensor."""
+    return tf.constant(process_sets.by_id(process_set_id).size(), dtype=tf.int32, name=name)
 
 
 def local_size_op(name=None):
@@ -173,12 +184,12 @@ def local_rank_op(name=None):
     return tf.constant(core.local_rank(), dtype=tf.int32, name=name)
 
 
-def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, name):
+def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, name, process_set):
     values = [_value(t) for t in tensors]
 
     def collective(arrays, base):
         return core.grouped_reducescatter(tensors=arrays, op=op, name=base, prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor)
+                                          postscale_factor=postscale_factor, process_set=process_set)
 
     def forward(ts):
         if in_engine(compression) is wire.Compression.none:
@@ -189,13 +200,13 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
 
     def backward(upstream):
         _check_differentiable(op, "reducescatter")
-        scale = prescale_factor * postscale_factor / (core.size() if op == core.Average else 1)
-        return [g * tf.cast(scale, g.dtype) for g in grouped_allgather(upstream)]
+        scale = prescale_factor * postscale_factor / (process_set.size() if op == core.Average else 1)
+        return [g * tf.cast(scale, g.dtype) for g in grouped_allgather(upstream, process_set=process_set)]
 
     return _differentiable(forward, backward, values)
 
 
-def _gathered_slices(slices, op, prescale_factor, postscale_factor, name):
+def _gathered_slices(slices, op, prescale_factor, postscale_factor, name, process_set):
     """tf.IndexedSlices combined over ranks as Horovod does: every rank's values and indices
     gathered (the same index may then appear several times; applying them adds them up)."""
     if op not in (core.Sum, core.Average):
@@ -203,10 +214,10 @@ def _gathered_slices(slices, op, prescale_factor, postscale_factor, name):
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise ValueError("prescale_factor and postscale_factor do not apply to tf.IndexedSlices")
     gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices],
-                                 name=None if name is None else f"{name}.slices")
+                                 name=None if name is None else f"{name}.slices", process_set=process_set)
     values, indices = gathered[:len(slices)], gathered[len(slices):]
     if op == core.Average:
-        values = [v / tf.cast(core.size(), v.dtype) for v in values]
+        values = [v / tf.cast(process_set.size(), v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape) for v, i, s in zip(values, indices, slices, strict=True)]
 
 

@@ -1,10 +1,11 @@
 """Making every rank start from the same variables."""
 
 import tensorflow as tf
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
 
 
-def broadcast_variables(variables, root_rank=0, inplace=False):
+def broadcast_variables(variables, root_rank=0, process_set=global_process_set, inplace=False):
     """Assign the root rank's values to every rank's variables (in one call per variable, named
     by position, so every rank must pass the same variables in the same order). `inplace` is
     Horovod's choice of kernel; the values assigned are the same either way."""
@@ -12,7 +13,7 @@ def broadcast_variables(variables, root_rank=0, inplace=False):
     for index, variable in enumerate(variables):
         if not isinstance(variable, tf.Variable) and not hasattr(variable, "assign"):
             raise TypeError(f"broadcast_variables: item {index} is a {type(variable).__name__}, not a variable")
-    return tensors.broadcast_(variables, root_rank, name="broadcast_variables")
+    return tensors.broadcast_(variables, root_rank, name="broadcast_variables", process_set=process_set)
 
 
 def broadcast_global_variables(root_rank):

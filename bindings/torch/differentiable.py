@@ -13,6 +13,7 @@ backward through the same collectives in the same order.
 import ringreduce as core
 import torch
 from ringreduce import ops
+from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
 
@@ -20,52 +21,53 @@ _DIFFERENTIABLE_OPS = (core.Sum, core.Average)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0):
-    """Combine `tensor` over every rank (Average by default); a new tensor."""
+              postscale_factor=1.0, process_set=global_process_set):
+    """Combine `tensor` over every rank of `process_set` (Average by default); a new tensor."""
     op = ops.from_average(op, average)
     return _compressed(compression, [tensor], lambda engine, t: [
-        _Allreduce.apply(t[0], op, name, prescale_factor, postscale_factor, engine)])[0]
+        _Allreduce.apply(t[0], op, name, prescale_factor, postscale_factor, engine, process_set)])[0]
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0):
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """allreduce of several tensors submitted together, so that they fuse; a list of new tensors."""
     op = ops.from_average(op, average)
     return _compressed(compression, tensors, lambda engine, ts: list(
-        _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, engine, *ts)))
+        _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, engine, process_set, *ts)))
 
 
-def allgather(tensor, name=None):
-    """Every rank's `tensor` concatenated along the first dimension (which may differ by rank)."""
-    return _Allgather.apply(name, tensor)[0]
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along the first dimension (which may differ by rank), in
+    the order of the ranks of `process_set`."""
+    return _Allgather.apply(name, process_set, tensor)[0]
 
 
-def grouped_allgather(tensors, name=None):
-    return list(_Allgather.apply(name, *tensors))
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    return list(_Allgather.apply(name, process_set, *tensors))
 
 
-def broadcast(tensor, root_rank, name=None):
-    """The root rank's `tensor`, on every rank; a new tensor."""
-    return _Broadcast.apply(tensor, root_rank, name)
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """The root rank's `tensor` (root_rank is a global rank), on every rank of `process_set`."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def alltoall(tensor, splits=None, name=None):
-    """Block j of the first dimension to rank j, one block from each rank back; with `splits`
-    (rows per rank), also the rows received from each rank."""
-    return _Alltoall.apply(tensor, name, None if splits is None else calls._ints(splits))
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Block j of the first dimension to rank j (of `process_set`), one block from each rank back;
+    with `splits` (rows per rank), also the rows received from each rank."""
+    return _Alltoall.apply(tensor, name, None if splits is None else calls._ints(splits), process_set)
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=core.Average, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor, name=None, compression=Compression.none, op=core.Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
     """Combine every rank's `tensor`; this rank keeps its share of the first dimension (the first
     ranks one row more where it does not divide evenly)."""
-    return grouped_reducescatter([tensor], name, compression, op, prescale_factor, postscale_factor)[0]
+    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=core.Average, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=core.Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     return _compressed(compression, tensors, lambda engine, ts: list(
-        _Reducescatter.apply(op, name, prescale_factor, postscale_factor, *ts)), engine_compresses=False)
+        _Reducescatter.apply(op, name, prescale_factor, postscale_factor, process_set, *ts)), engine_compresses=False)
 
 
 def _compressed(compression, inputs, run, engine_compresses=True):
@@ -87,65 +89,68 @@ def _check_differentiable(op, what):
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale, postscale, engine):
-        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        return calls.engine_allreduce_async(tensor, op, name, prescale, postscale, engine).wait()
+    def forward(ctx, tensor, op, name, prescale, postscale, engine, process_set):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, process_set
+        return calls.engine_allreduce_async(tensor, op, name, prescale, postscale, engine, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
         _check_differentiable(ctx.op, "allreduce")
-        return (allreduce(grad, op=ctx.op, prescale_factor=ctx.prescale, postscale_factor=ctx.postscale),
-                None, None, None, None, None)
+        return (allreduce(grad, op=ctx.op, prescale_factor=ctx.prescale, postscale_factor=ctx.postscale,
+                          process_set=ctx.process_set),) + (None,) * 6
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale, postscale, engine, *inputs):
-        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
-        return tuple(calls.engine_grouped_allreduce_async(inputs, op, name, prescale, postscale, engine).wait())
+    def forward(ctx, op, name, prescale, postscale, engine, process_set, *inputs):
+        ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, process_set
+        return tuple(calls.engine_grouped_allreduce_async(inputs, op, name, prescale, postscale, engine,
+                                                          process_set).wait())
 
     @staticmethod
     def backward(ctx, *grads):
         _check_differentiable(ctx.op, "grouped_allreduce")
-        return (None,) * 5 + tuple(grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
-                                                     postscale_factor=ctx.postscale))
+        return (None,) * 6 + tuple(grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
+                                                     postscale_factor=ctx.postscale, process_set=ctx.process_set))
 
 
 class _Allgather(torch.autograd.Function):
     """One or several tensors; backward: each rank's rows of the sum of every rank's gradient."""
 
     @staticmethod
-    def forward(ctx, name, *inputs):
-        ctx.rows = [t.shape[0] for t in inputs]
-        return tuple(calls.grouped_allgather_async(inputs, name).wait())
+    def forward(ctx, name, process_set, *inputs):
+        ctx.rows, ctx.process_set = [t.shape[0] for t in inputs], process_set
+        return tuple(calls.grouped_allgather_async(inputs, name, process_set).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        summed = grouped_allreduce(list(grads), op=core.Sum)
-        every_ranks_rows = calls.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)).wait()
-        starts = every_ranks_rows[:core.rank()].sum(dim=0).tolist()
-        return (None,) + tuple(g.narrow(0, start, rows) for g, start, rows in zip(summed, starts, ctx.rows,
+        summed = grouped_allreduce(list(grads), op=core.Sum, process_set=ctx.process_set)
+        every_ranks_rows = calls.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
+                                                 process_set=ctx.process_set).wait()
+        starts = every_ranks_rows[:ctx.process_set.rank()].sum(dim=0).tolist()
+        return (None, None) + tuple(g.narrow(0, start, rows) for g, start, rows in zip(summed, starts, ctx.rows,
                                                                                   strict=True))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return calls.broadcast_async(tensor, root_rank, name).wait()
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return calls.broadcast_async(tensor, root_rank, name, process_set).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce(grad, op=core.Sum)
-        return (summed if core.rank() == ctx.root_rank else torch.zeros_like(summed)), None, None
+        summed = allreduce(grad, op=core.Sum, process_set=ctx.process_set)
+        return (summed if core.rank() == ctx.root_rank else torch.zeros_like(summed)), None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
     """Backward: the gradient's blocks go back where their rows came from."""
 
     @staticmethod
-    def forward(ctx, tensor, name, splits):
-        result = calls.alltoall_async(tensor, splits, name).wait()
+    def forward(ctx, tensor, name, splits, process_set):
+        ctx.process_set = process_set
+        result = calls.alltoall_async(tensor, splits, name, process_set).wait()
         if splits is None:
             ctx.received = None
             return result
@@ -156,17 +161,19 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, *_received):
-        back = calls.alltoall_async(grad.contiguous(), ctx.received).wait()
-        return (back if ctx.received is None else back[0]), None, None
+        back = calls.alltoall_async(grad.contiguous(), ctx.received, process_set=ctx.process_set).wait()
+        return (back if ctx.received is None else back[0]), None, None, None
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale, postscale, *inputs):
-        ctx.op, ctx.scale = op, prescale * postscale / (core.size() if op == core.Average else 1)
-        return tuple(calls.grouped_reducescatter_async(inputs, name, op, prescale, postscale).wait())
+    def forward(ctx, op, name, prescale, postscale, process_set, *inputs):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale * postscale / (process_set.size() if op == core.Average else 1)
+        return tuple(calls.grouped_reducescatter_async(inputs, name, op, process_set, prescale, postscale).wait())
 
     @staticmethod
     def backward(ctx, *grads):
         _check_differentiable(ctx.op, "reducescatter")
-        return (None,) * 4 + tuple(g * ctx.scale for g in grouped_allgather([g.contiguous() for g in grads]))
+        return (None,) * 5 + tuple(g * ctx.scale for g in grouped_allgather([g.contiguous() for g in grads],
+                                                                            process_set=ctx.process_set))

@@ -9,6 +9,7 @@ import numpy as np
 
 import ringreduce as core
 import torch
+from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
 
@@ -20,8 +21,9 @@ class _DistributedOptimizer:
     reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense):
+                 gradient_predivide_factor, sparse_as_dense, process_set):
         super().__init__(params)
+        self._process_set = process_set
         self._compression = compression
         self._engine_compression = in_engine(compression)
         self._sparse_as_dense = sparse_as_dense
@@ -59,13 +61,14 @@ class _DistributedOptimizer:
         name = self._names[parameter]
         if parameter.grad.is_sparse:
             if not self._sparse_as_dense:
-                return _SparseAllreduce(parameter, name, self._op)
+                return _SparseAllreduce(parameter, name, self._op, self._process_set)
             parameter.grad = parameter.grad.to_dense()
         if self._engine_compression is not None:
             return tensors.engine_allreduce_async_(parameter.grad, self._op, name, self._prescale, self._postscale,
-                                                   self._engine_compression)
+                                                   self._engine_compression, self._process_set)
         compressed, ctx = self._compression.compress(parameter.grad)
-        handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale)
+        handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,
+                                                process_set=self._process_set)
         return tensors.Handle(handle, lambda result: parameter.grad.copy_(self._compression.decompress(result, ctx)))
 
     def synchronize(self):
@@ -76,7 +79,7 @@ class _DistributedOptimizer:
         """
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
                             for p in self._ordered], dtype=np.uint8)
-        anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME)
+        anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME, process_set=self._process_set)
         for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
             if somewhere and not local:
                 if parameter.grad is None:
@@ -116,10 +119,11 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False):
-    """`optimizer`, averaging gradients over all ranks. The result is an instance of a subclass of
-    the optimizer's own class, so param_groups, state_dict, load_state_dict and LR schedulers
-    behave as they do on the original; its state (a loaded checkpoint) comes along.
+                         sparse_as_dense=False, process_set=global_process_set):
+    """`optimizer`, averaging gradients over the ranks of `process_set` (all of them by default).
+    The result is an instance of a subclass of the optimizer's own class, so param_groups,
+    state_dict, load_state_dict and LR schedulers behave as they do on the original; its state (a
+    loaded checkpoint) comes along.
 
     `num_groups` and `groups` are Horovod's way to fuse gradients into grouped allreduces; the
     engine fuses every gradient that is ready in a cycle anyway, so they are checked and need
@@ -134,7 +138,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("groups must be a number of groups or a list of lists of parameters")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, sparse_as_dense)
+                      gradient_predivide_factor, sparse_as_dense, process_set)
     distributed.load_state_dict(optimizer.state_dict())
     return distributed
 
@@ -162,13 +166,14 @@ class _SparseAllreduce:
     """A sparse gradient combined over ranks by gathering every rank's indices and values; its
     wait() puts the combined sparse gradient in place (Average divides the values by the size)."""
 
-    def __init__(self, parameter, name, op):
+    def __init__(self, parameter, name, op, process_set):
         if op not in (core.Sum, core.Average):
             raise ValueError(f"a sparse gradient ({name!r}) can be summed or averaged, not reduced with {op!r}")
         grad = parameter.grad.coalesce()
         self._parameter, self._average, self._shape = parameter, op == core.Average, grad.shape
-        self._indices = tensors.allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices")
-        self._values = tensors.allgather_async(grad.values().contiguous(), name=f"{name}.values")
+        self._size = process_set.size()
+        self._indices = tensors.allgather_async(grad.indices().t().contiguous(), f"{name}.indices", process_set)
+        self._values = tensors.allgather_async(grad.values().contiguous(), f"{name}.values", process_set)
 
     def done(self):
         return self._indices.done() and self._values.done()
@@ -176,7 +181,7 @@ class _SparseAllreduce:
     def wait(self):
         values = self._values.wait()
         if self._average:
-            values = values / core.size()
+            values = values / self._size
         combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape).coalesce()
         self._parameter.grad = combined
         return combined

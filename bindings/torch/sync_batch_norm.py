@@ -2,13 +2,20 @@
 
 import ringreduce as core
 import torch
+from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class SyncBatchNorm(_BatchNorm):
     """A drop-in for torch.nn.BatchNorm1d/2d/3d: in training, mean and variance are those of the
-    batch made of every rank's batch; the backward pass is that of the same global batch."""
+    batch made of every rank's batch (of `process_set`'s ranks: an extension, Horovod's has none);
+    the backward pass is that of the same global batch."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, process_set=global_process_set):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.process_set = process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -16,25 +23,26 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
-        if not self.training or core.size() == 1:
+        if not self.training or self.process_set.size() == 1:
             return super().forward(input)
         if self.momentum is None:
             raise ValueError("SyncBatchNorm needs a momentum (a cumulative average is not supported)")
         if self.track_running_stats:
             self.num_batches_tracked += 1
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.running_mean, self.running_var,
-                                            self.eps, self.momentum)
+                                            self.eps, self.momentum, self.process_set)
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum):
+    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_set):
         channels = input.shape[1]
         dims = [d for d in range(input.dim()) if d != 1]
         count = input.numel() // channels
         local = torch.cat([input.sum(dims), (input * input).sum(dims),
                            torch.tensor([float(count)], dtype=input.dtype)]).double()
-        total = tensors.engine_allreduce_async(local, core.Sum).wait()
+        total = tensors.engine_allreduce_async(local, core.Sum, process_set=process_set).wait()
+        ctx.process_set = process_set
         n = total[-1]
         mean = total[:channels] / n
         var = total[channels:2 * channels] / n - mean * mean
@@ -62,10 +70,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         sum_dy_centered = (grad_output * centered).sum(dims)
         grad_weight = (sum_dy_centered * invstd) if weight is not None else None
         grad_bias = sum_dy if weight is not None else None
-        total = tensors.engine_allreduce_async(torch.cat([sum_dy, sum_dy_centered]).double(), core.Sum).wait().to(
-            input.dtype)
+        total = tensors.engine_allreduce_async(torch.cat([sum_dy, sum_dy_centered]).double(), core.Sum,
+                                               process_set=ctx.process_set).wait().to(input.dtype)
         mean_dy, mean_dy_centered = total[:channels] / ctx.n, total[channels:] / ctx.n
         scale = invstd if weight is None else invstd * weight
         grad_input = (grad_output - mean_dy.view(shape)
                       - centered * (invstd * invstd * mean_dy_centered).view(shape)) * scale.view(shape)
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None

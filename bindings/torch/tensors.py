@@ -11,6 +11,7 @@ import torch
 from ringreduce import compression as wire
 from ringreduce import ops
 from ringreduce.machine import gpu
+from ringreduce.process_sets import global_process_set
 
 
 def as_array(tensor):
@@ -64,111 +65,130 @@ def _in_place(tensor, array):
     return convert
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Start combining `tensor` over every rank (Average by default); the handle gives a new tensor."""
-    return engine_allreduce_async(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor)
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Start combining `tensor` over every rank of `process_set` (Average by default); the handle
+    gives a new tensor."""
+    return engine_allreduce_async(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor,
+                                  process_set=process_set)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
     """allreduce_async into `tensor` itself."""
-    return engine_allreduce_async_(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor)
+    return engine_allreduce_async_(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor,
+                                   process_set=process_set)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor).wait()
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
     """allreduce_async of several tensors submitted together, so that they fuse."""
     return engine_grouped_allreduce_async(tensors, ops.from_average(op, average), name, prescale_factor,
-                                          postscale_factor)
+                                          postscale_factor, process_set=process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
+                             postscale_factor=1.0, process_set=global_process_set):
     arrays = [as_array(t) for t in tensors]
     handle = core.grouped_allreduce_async_(tensors=arrays, op=ops.from_average(op, average), name=name,
-                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                           process_set=process_set)
     converts = [_in_place(t, a) for t, a in zip(tensors, arrays, strict=True)]
     return Handle(handle, lambda results: [convert(r) for convert, r in zip(converts, results, strict=True)])
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor).wait()
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                    process_set).wait()
 
 
-def allgather_async(tensor, name=None):
+def allgather_async(tensor, name=None, process_set=global_process_set):
     """Start concatenating every rank's `tensor` along the first dimension."""
-    return Handle(core.allgather_async(tensor=as_array(tensor), name=name), _out_of_place(tensor))
-
-
-def grouped_allgather_async(tensors, name=None):
-    handle = core.grouped_allgather_async(tensors=[as_array(t) for t in tensors], name=name)
-    return Handle(handle, _each_out_of_place(tensors))
-
-
-def broadcast_async(tensor, root_rank, name=None):
-    """Start copying the root rank's `tensor` to every rank; the handle gives a new tensor."""
-    return Handle(core.broadcast_async(tensor=as_array(tensor), root_rank=root_rank, name=name),
+    return Handle(core.allgather_async(tensor=as_array(tensor), name=name, process_set=process_set),
                   _out_of_place(tensor))
 
 
-def broadcast_async_(tensor, root_rank, name=None):
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    handle = core.grouped_allgather_async(tensors=[as_array(t) for t in tensors], name=name, process_set=process_set)
+    return Handle(handle, _each_out_of_place(tensors))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Start copying the root rank's `tensor` (a global rank) to every rank of `process_set`; the
+    handle gives a new tensor."""
+    return Handle(core.broadcast_async(tensor=as_array(tensor), root_rank=root_rank, name=name,
+                                       process_set=process_set), _out_of_place(tensor))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     """broadcast_async into `tensor` itself (through a copy where it is not contiguous)."""
     array = as_array(tensor)
     if array.flags.c_contiguous and tensor.dtype != torch.bfloat16:
-        return Handle(core.broadcast_async_(tensor=array, root_rank=root_rank, name=name), lambda _: tensor)
-    copy = broadcast_async(tensor, root_rank, name)
+        return Handle(core.broadcast_async_(tensor=array, root_rank=root_rank, name=name, process_set=process_set),
+                      lambda _: tensor)
+    copy = broadcast_async(tensor, root_rank, name, process_set)
     return Handle(copy, lambda result: tensor.copy_(result))
 
 
-def broadcast_(tensor, root_rank, name=None):
-    return broadcast_async_(tensor, root_rank, name).wait()
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None):
-    """Start sending block j of the first dimension to rank j. With `splits` (rows per rank) the
-    handle gives (tensor, rows received from each rank), as Horovod's."""
-    handle = core.alltoall_async(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name)
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Start sending block j of the first dimension to rank j (of `process_set`). With `splits`
+    (rows per rank) the handle gives (tensor, rows received from each rank), as Horovod's."""
+    handle = core.alltoall_async(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name,
+                                 process_set=process_set)
     if splits is None:
         return Handle(handle, _out_of_place(tensor))
     return Handle(handle, lambda result: (as_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
-def reducescatter_async(tensor, name=None, op=core.Average, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter_async(tensor, name=None, op=core.Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
     """Start combining every rank's `tensor` and keep this rank's share of the first dimension."""
     handle = core.reducescatter_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor)
+                                      postscale_factor=postscale_factor, process_set=process_set)
     return Handle(handle, _out_of_place(tensor))
 
 
-def grouped_reducescatter_async(tensors, name=None, op=core.Average, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors, name=None, op=core.Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
     handle = core.grouped_reducescatter_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
-                                              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                              prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                              process_set=process_set)
     return Handle(handle, _each_out_of_place(tensors))
 
 
 def engine_allreduce_async(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                           compression=wire.Compression.none):
+                           compression=wire.Compression.none, process_set=global_process_set):
     """allreduce_async with the op decided and the engine's own compression (for autograd.py)."""
     handle = core.allreduce_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor, compression=compression)
+                                  postscale_factor=postscale_factor, compression=compression,
+                                  process_set=process_set)
     return Handle(handle, _out_of_place(tensor))
 
 
 def engine_allreduce_async_(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=wire.Compression.none):
+                            compression=wire.Compression.none, process_set=global_process_set):
     array = as_array(tensor)
     handle = core.allreduce_async_(tensor=array, op=op, name=name, prescale_factor=prescale_factor,
-                                   postscale_factor=postscale_factor, compression=compression)
+                                   postscale_factor=postscale_factor, compression=compression,
+                                   process_set=process_set)
     return Handle(handle, _in_place(tensor, array))
 
 
 def engine_grouped_allreduce_async(tensors, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                   compression=wire.Compression.none):
+                                   compression=wire.Compression.none, process_set=global_process_set):
     handle = core.grouped_allreduce_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                          compression=compression)
+                                          compression=compression, process_set=process_set)
     return Handle(handle, _each_out_of_place(tensors))
 
 

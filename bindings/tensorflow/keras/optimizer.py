@@ -1,6 +1,7 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
 import ringreduce as core
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
 
@@ -8,8 +9,8 @@ from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
-                         scale_local_gradients=True):
-    """Wrap a Keras optimizer: it averages the gradients over ranks, then applies them as before.
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
         model.compile(optimizer=optimizer, loss=...)
@@ -36,7 +37,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
         grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
-                                    gradient_predivide_factor)
+                                    gradient_predivide_factor, process_set)
         grads = [g * summed if g is not None and summed != 1 else g for g in grads]
         return super(distributed, self)._backend_apply_gradients(grads, trainable_variables)
 
