@@ -146,3 +146,46 @@ def test_a_mismatch_within_a_set_is_an_error_on_its_ranks_naming_the_set():
     assert "set-shapes: no error" in job.lines_of(0)
     for rank in range(3):
         assert "set-shapes: afterwards sum = [3.0, 3.0]" in job.lines_of(rank)
+
+
+def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set(tmp_path):
+    """Two data-parallel groups ([0, 1] and [2, 3]) each equal one process training on the group's
+    half of the batch; the row-parallel product and its gradient match torch's on one process."""
+    torch = pytest.importorskip("torch")
+    import torch_cases
+
+    job = run_job(4, "torch_sets.py", tmp_path, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    half = torch_cases.BATCH // 2
+    x, w = torch_cases.tensor_parallel_inputs()
+    y = x @ w
+    for rank in range(4):
+        group, member = rank // 2, rank % 2
+        net = torch_cases.model()
+        reference = torch_cases.train(net, torch_cases.optimizer("adam", net.parameters()),
+                                      [(half * group, half * (group + 1))])
+        for name, value in reference.items():
+            torch.testing.assert_close(got[rank][name], value, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[rank]["y"], y, rtol=1e-5, atol=1e-5)
+        rows = slice(4 * member, 4 * (member + 1))
+        # d/dW of the sum over the set's two ranks of sum(y * y)
+        torch.testing.assert_close(got[rank]["w_grad"], 2 * (x[:, rows].T @ (2 * y)), rtol=1e-4, atol=1e-4)
+        first = 2 * group
+        assert got[rank]["allgather"].tolist() == [float(first), float(first + 1), float(first + 1)]
+    assert not torch.equal(got[0]["0.weight"], got[2]["0.weight"])  # the groups trained apart
+
+
+def test_tensorflow_collectives_broadcast_and_tape_on_sets(tmp_path):
+    pytest.importorskip("tensorflow")
+    job = run_job(3, "tf_sets.py", tmp_path, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    x = {r: [float(v) * (r + 1) for v in (1, 2, 3)] for r in range(3)}
+    for rank, members in ((0, [0, 1]), (1, [0, 1]), (2, [2])):
+        got = reports[rank]
+        assert got["sum"] == [sum(x[m][i] for m in members) for i in range(3)]
+        assert got["gathered"] == [x[m] for m in members]
+        assert got["variable"] == [float(members[-1])] * 2
+        assert got["gradient"] == pytest.approx([sum(x[m][i] for m in members) / len(members) for i in range(3)])
+        assert got["size_op"] == len(members)

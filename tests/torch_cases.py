@@ -46,3 +46,9 @@ def contribution(rank):
 
 def weights(rank, count=6):
     return torch.from_numpy(cases.weights(rank, count))
+
+
+def tensor_parallel_inputs():
+    """x (6 x 8) and W (8 x 3) of a row-parallel product x @ W."""
+    generator = torch.Generator().manual_seed(2)
+    return torch.randn(6, 8, generator=generator), torch.randn(8, 3, generator=generator)
