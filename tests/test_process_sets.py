@@ -174,6 +174,17 @@ def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set
         first = 2 * group
         assert got[rank]["allgather"].tolist() == [float(first), float(first + 1), float(first + 1)]
     assert not torch.equal(got[0]["0.weight"], got[2]["0.weight"])  # the groups trained apart
+    whole = torch_cases.linear()
+    x = torch_cases.tensor_parallel_inputs()[0].requires_grad_(True)
+    y = whole(x)
+    (y * y).sum().backward()
+    for rank in range(4):
+        member = rank % 2
+        for kind, dim in (("column", 0), ("row", 1)):
+            torch.testing.assert_close(got[rank][f"{kind}-y"], y.detach(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[rank][f"{kind}-x_grad"], x.grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[rank][f"{kind}-w_grad"], whole.weight.grad.chunk(2, dim)[member],
+                                       rtol=1e-5, atol=1e-5)
 
 
 def test_tensorflow_collectives_broadcast_and_tape_on_sets(tmp_path):

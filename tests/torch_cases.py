@@ -52,3 +52,9 @@ def tensor_parallel_inputs():
     """x (6 x 8) and W (8 x 3) of a row-parallel product x @ W."""
     generator = torch.Generator().manual_seed(2)
     return torch.randn(6, 8, generator=generator), torch.randn(8, 3, generator=generator)
+
+
+def linear():
+    """The Linear(8, 4) that the tensor-parallel layers split."""
+    torch.manual_seed(3)
+    return torch.nn.Linear(8, 4)

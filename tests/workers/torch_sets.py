@@ -43,4 +43,12 @@ y = rr.allreduce(x[:, mine] @ w_part, op=rr.Sum, process_set=group)
 out["y"], out["w_grad"] = y.detach(), w_part.grad
 gathered = rr.allgather(torch.full((group.rank() + 1,), float(rank)), process_set=group)
 out["allgather"] = gathered
+# The tensor-parallel layers with whole inputs and outputs: the values and gradients of one Linear.
+for kind, layer in (("column", rr.ColumnParallelLinear), ("row", rr.RowParallelLinear)):
+    x = torch_cases.tensor_parallel_inputs()[0].requires_grad_(True)
+    options = {"gather_output": True} if kind == "column" else {"input_is_parallel": False}
+    split = layer.from_linear(torch_cases.linear(), process_set=group, **options)
+    y = split(x)
+    (y * y).sum().backward()
+    out[f"{kind}-y"], out[f"{kind}-x_grad"], out[f"{kind}-w_grad"] = y.detach(), x.grad, split.weight.grad
 torch.save(out, os.path.join(sys.argv[1], f"rank{rank}.pt"))
