@@ -50,6 +50,8 @@ _LAZY_WITHOUT_ARRAYS = {
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
     "ringreduce.process_sets": ("ProcessSet", "global_process_set", "add_process_set", "remove_process_set"),
 }
+# Point-to-point transfers on arrays: core names; each framework binding has its own.
+_POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 # The collectives on arrays: each framework binding has its own, on its tensors, and its own
 # Compression, as Horovod's do.
 _ARRAY_CALLS = (
@@ -61,6 +63,7 @@ _ARRAY_CALLS = (
 )
 _HOME = {name: module for module, names in _LAZY_WITHOUT_ARRAYS.items() for name in names}
 _HOME.update(dict.fromkeys(_ARRAY_CALLS, "ringreduce.collectives"))
+_HOME.update(dict.fromkeys(_POINT_TO_POINT, "ringreduce.point_to_point"))
 
 # What every framework binding re-exports as it is (as Horovod's bindings do): the API that
 # takes no arrays.

@@ -30,11 +30,12 @@ _hooks_installed = False
 
 class Domain:
     """One negotiation domain as this rank runs it: the whole job (set 0) or a process set, with
-    its global ranks, its engine (None where this rank is not a member) and the names of its
-    unnamed calls, counted per domain so that they agree among the domain's ranks."""
+    its global ranks, its engine and the communicator of its point-to-point transfers (None where
+    this rank is not a member) and the names of its unnamed calls, counted per domain so that they
+    agree among the domain's ranks."""
 
-    def __init__(self, set_id, ranks, engine):
-        self.set_id, self.ranks, self.engine = set_id, list(ranks), engine
+    def __init__(self, set_id, ranks, engine, peer_comm):
+        self.set_id, self.ranks, self.engine, self.peer_comm = set_id, list(ranks), engine, peer_comm
         self._names = itertools.count(1)
         self._names_lock = threading.Lock()
 
@@ -53,7 +54,7 @@ class Runtime:
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
         self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
-        self.domains = {0: Domain(0, range(self.topology.size), self.engine)}
+        self.domains = {0: Domain(0, range(self.topology.size), self.engine, comm.Dup())}
         self.failing = False
 
     def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False):
@@ -125,12 +126,13 @@ class Runtime:
         set_id, self._next_set_id = self._next_set_id, self._next_set_id + 1
         member = self.topology.rank in ranks
         set_comm = self.control.Split(color=0 if member else 1, key=self.topology.rank)
-        engine = None
+        engine = peer_comm = None
         if member:
+            peer_comm = set_comm.Dup()
             engine = self._start_engine(set_comm, ranks, f" in process set {set_id}")[1]
         else:
             set_comm.Free()
-        self.domains[set_id] = Domain(set_id, ranks, engine)
+        self.domains[set_id] = Domain(set_id, ranks, engine, peer_comm)
         return set_id
 
     def remove_domain(self, set_id):
@@ -143,8 +145,7 @@ class Runtime:
         if any(busy):
             raise ValueError(f"cannot remove {domain.describe()}: requests are in flight on "
                              f"{ranks_text([r for r, b in enumerate(busy) if b])}")
-        if domain.engine is not None:
-            _stop(domain.engine)
+        _close(domain)
         del self.domains[set_id]
         return True
 
@@ -157,18 +158,21 @@ class Runtime:
 
     def close(self):
         for set_id in sorted(self.domains, reverse=True):  # the sets first, then the whole job's engine
-            if self.domains[set_id].engine is not None:
-                _stop(self.domains[set_id].engine)
+            _close(self.domains[set_id])
         self.control.Free()
         if self.config.straggler_report and self.topology.rank == 0:
             print(straggler_table(self.engine.straggler_report, self.engine.negotiator.stragglers.cycles),
                   file=sys.stderr, flush=True)
 
 
-def _stop(engine):
+def _close(domain):
+    """Stop a domain's engine and free its point-to-point communicator (where this rank is in it)."""
+    if domain.engine is None:
+        return
     handle = Handle("shutdown")
-    engine.shutdown(handle)
+    domain.engine.shutdown(handle)
     handle.wait()
+    domain.peer_comm.Free()
 
 
 def init(comm=None, process_sets=None):
