@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("tensorflow")
 
+import ringreduce  # noqa: E402
 import ringreduce.tensorflow as rr_tf  # noqa: E402
 import ringreduce.tensorflow.keras as rr_keras  # noqa: E402
 import ringreduce.torch as rr  # noqa: E402
@@ -166,3 +167,15 @@ def test_horovods_other_public_names_are_there():
     assert all(hasattr(module, name) for module in (rr_tf, rr_keras) for name in HOROVOD_TORCH_NAMES[:-1])
     assert issubclass(rr.HorovodInternalError, RuntimeError)
     assert issubclass(rr.MismatchError, rr.HorovodInternalError)
+
+
+# torch.distributed's point-to-point calls (Horovod has none), with process_set= for group=.
+POINT_TO_POINT = {"send": f"tensor, dst, {SET}, tag=0", "isend": f"tensor, dst, {SET}, tag=0",
+                  "recv": f"tensor, src=None, {SET}, tag=0", "irecv": f"tensor, src=None, {SET}, tag=0"}
+
+
+@pytest.mark.parametrize("module", [rr, rr_tf, ringreduce], ids=["torch", "tensorflow", "core"])
+@pytest.mark.parametrize("call", sorted(POINT_TO_POINT))
+def test_point_to_point_takes_torch_distributed_parameters(module, call):
+    ours = [(p.name, p.default) for p in inspect.signature(getattr(module, call)).parameters.values()]
+    assert ours == horovod_parameters(POINT_TO_POINT[call], rr)

@@ -150,7 +150,8 @@ def test_a_mismatch_within_a_set_is_an_error_on_its_ranks_naming_the_set():
 
 def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set(tmp_path):
     """Two data-parallel groups ([0, 1] and [2, 3]) each equal one process training on the group's
-    half of the batch; the row-parallel product and its gradient match torch's on one process."""
+    half of the batch; the row-parallel product and its gradient match torch's on one process;
+    send/recv and isend/irecv within each group."""
     torch = pytest.importorskip("torch")
     import torch_cases
 
@@ -174,6 +175,10 @@ def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set
         first = 2 * group
         assert got[rank]["allgather"].tolist() == [float(first), float(first + 1), float(first + 1)]
     assert not torch.equal(got[0]["0.weight"], got[2]["0.weight"])  # the groups trained apart
+    for rank in (1, 3):
+        assert got[rank]["recv-from"].item() == got[rank]["irecv-from"].item() == rank - 1
+        torch.testing.assert_close(got[rank]["recv"], torch.arange(6.0).reshape(2, 3) + rank - 1)
+        torch.testing.assert_close(got[rank]["irecv"], torch.full((4,), rank - 0.5, dtype=torch.bfloat16))
     whole = torch_cases.linear()
     x = torch_cases.tensor_parallel_inputs()[0].requires_grad_(True)
     y = whole(x)
@@ -200,3 +205,4 @@ def test_tensorflow_collectives_broadcast_and_tape_on_sets(tmp_path):
         assert got["variable"] == [float(members[-1])] * 2
         assert got["gradient"] == pytest.approx([sum(x[m][i] for m in members) / len(members) for i in range(3)])
         assert got["size_op"] == len(members)
+    assert reports[1]["recv-from"] == 0 and reports[1]["recv"] == [[1, 2], [3, 4]]

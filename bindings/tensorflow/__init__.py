@@ -12,6 +12,7 @@ ringreduce.tensorflow.keras.
 import ringreduce
 from ringreduce.tensorflow.compression import Compression  # noqa: F401
 from ringreduce.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from ringreduce.tensorflow.point_to_point import irecv, isend, recv, send  # noqa: F401
 from ringreduce.tensorflow.tape import DistributedGradientTape  # noqa: F401
 from ringreduce.tensorflow.tensors import (  # noqa: F401
     allgather,

@@ -35,5 +35,11 @@ report = {
     "gradient": tape.gradient(loss, [w])[0].numpy().tolist(),
     "size_op": int(rr.size_op(process_set_id=group.process_set_id)),
 }
+if rank == 0:
+    rr.send(tf.constant([[1, 2], [3, 4]], dtype=tf.int64), 1, process_set=pair, tag=2)
+elif rank == 1:
+    into = tf.Variable(tf.zeros([2, 2], dtype=tf.int64))
+    report["recv-from"] = rr.recv(into, 0, process_set=pair, tag=2)
+    report["recv"] = into.numpy().tolist()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(report, f)

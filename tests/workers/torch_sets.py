@@ -51,4 +51,15 @@ for kind, layer in (("column", rr.ColumnParallelLinear), ("row", rr.RowParallelL
     y = split(x)
     (y * y).sum().backward()
     out[f"{kind}-y"], out[f"{kind}-x_grad"], out[f"{kind}-w_grad"] = y.detach(), x.grad, split.weight.grad
+# Point-to-point within each group: the first rank sends to the second, in float32 and bfloat16.
+if group.rank() == 0:
+    rr.send(torch.arange(6.0).reshape(2, 3) + rank, group.ranks[1], process_set=group, tag=3)
+    rr.isend(torch.full((4,), rank + 0.5, dtype=torch.bfloat16), group.ranks[1], process_set=group).wait()
+else:
+    into, half = torch.zeros(2, 3), torch.zeros(4, dtype=torch.bfloat16)
+    out["recv-from"] = torch.tensor(rr.recv(into, process_set=group, tag=3))
+    out["recv"] = into
+    work = rr.irecv(half, group.ranks[0], process_set=group)
+    out["irecv-from"] = torch.tensor(work.wait())
+    out["irecv"] = half
 torch.save(out, os.path.join(sys.argv[1], f"rank{rank}.pt"))
