@@ -58,34 +58,47 @@ def test_horovod_scripts_run_with_only_their_import_line_changed(example, learne
     assert last.endswith("every rank holds the same model: True"), last
 
 
-def test_hybrid_example_trains_the_model_one_process_trains_on_the_global_batch(tmp_path):
-    """2 data-parallel groups x 2 tensor-parallel ranks: after two epochs the whole weights equal
-    those of one process training the unsplit model on the same global batches (float tolerance)."""
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("example, ranks, says, first, second", [
+    # 2 data-parallel groups x 2 tensor-parallel ranks, on the global batch
+    ("hybrid_parallel.py", 4, "2 data-parallel groups x 2 tensor-parallel ranks: test accuracy", 64, 128),
+    # 2 stages, 4 micro-batches per batch
+    ("pipeline_parallel.py", 2, "2 stages, 4 micro-batches: test accuracy", 128, 64),
+])
+def test_model_parallel_examples_train_the_model_one_process_trains(tmp_path, example, ranks, says, first, second):
+    """After two epochs the whole weights equal those of one process training the unsplit model on
+    the same batches (float tolerance)."""
+    pytest.importorskip("torch")
+    saved = tmp_path / "weights.pt"
+    result = subprocess.run([sys.executable, "-m", "ringreduce.launcher", "-np", str(ranks), sys.executable,
+                             os.path.join(EXAMPLES, example), "--epochs", "2", "--save", str(saved)],
+                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert says in result.stdout
+    assert_weights_of_one_process(saved, first, second)
+
+
+def assert_weights_of_one_process(saved, first, second, epochs=2, batch_size=64):
+    """The weights an example saved equal those of one process training its perceptron (64 ->
+    first -> second -> 10, seed 0, SGD lr 0.1 momentum 0.9) on the same digits batches."""
+    import torch
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    saved = tmp_path / "hybrid.pt"
-    result = subprocess.run([sys.executable, "-m", "ringreduce.launcher", "-np", "4", sys.executable,
-                             os.path.join(EXAMPLES, "hybrid_parallel.py"), "--epochs", "2", "--save", str(saved)],
-                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 data-parallel groups x 2 tensor-parallel ranks: test accuracy" in result.stdout
-
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(64, first), torch.nn.ReLU(), torch.nn.Linear(first, second),
+                                torch.nn.ReLU(), torch.nn.Linear(second, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = load_digits()
     x, y = torch.tensor(data.data, dtype=torch.float32) / 16.0, torch.tensor(data.target)
     train_x, _, train_y, _ = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    for epoch in range(2):
+    for epoch in range(epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
-        for start in range(0, len(order) - 64 + 1, 64):
-            batch = order[start:start + 64]
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            batch = order[start:start + batch_size]
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
             optimizer.step()
     got = torch.load(saved)
+    assert sorted(got) == sorted(model.state_dict())
     for name, value in model.state_dict().items():
         torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)

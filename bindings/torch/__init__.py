@@ -23,6 +23,7 @@ from ringreduce.torch.differentiable import (  # noqa: F401
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from ringreduce.torch.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.torch.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: F401
+from ringreduce.torch.pipeline import GPipe  # noqa: F401
 from ringreduce.torch.point_to_point import irecv, isend, recv, send  # noqa: F401
 from ringreduce.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from ringreduce.torch.tensors import (  # noqa: F401
