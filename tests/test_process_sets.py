@@ -179,6 +179,16 @@ def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set
         assert got[rank]["recv-from"].item() == got[rank]["irecv-from"].item() == rank - 1
         torch.testing.assert_close(got[rank]["recv"], torch.arange(6.0).reshape(2, 3) + rank - 1)
         torch.testing.assert_close(got[rank]["irecv"], torch.full((4,), rank - 0.5, dtype=torch.bfloat16))
+    for group in ((0, 1), (2, 3)):  # SyncBatchNorm on the set: BatchNorm of the group's batches together
+        inputs = [torch_cases.batch_norm_input(r).requires_grad_(True) for r in group]
+        norm = torch.nn.BatchNorm1d(3)
+        y = norm(torch.cat(inputs))
+        (y * torch.cat([torch_cases.batch_norm_input(r + 20) for r in group])).sum().backward()
+        for index, rank in enumerate(group):
+            torch.testing.assert_close(got[rank]["norm-y"], y.detach()[5 * index:5 * (index + 1)])
+            assert inputs[index].grad.abs().max() > 0.1
+            torch.testing.assert_close(got[rank]["norm-x_grad"], inputs[index].grad)
+            torch.testing.assert_close(got[rank]["norm-running_mean"], norm.running_mean)
     whole = torch_cases.linear()
     x = torch_cases.tensor_parallel_inputs()[0].requires_grad_(True)
     y = whole(x)
@@ -206,3 +216,12 @@ def test_tensorflow_collectives_broadcast_and_tape_on_sets(tmp_path):
         assert got["gradient"] == pytest.approx([sum(x[m][i] for m in members) / len(members) for i in range(3)])
         assert got["size_op"] == len(members)
     assert reports[1]["recv-from"] == 0 and reports[1]["recv"] == [[1, 2], [3, 4]]
+
+
+def test_a_stall_within_a_set_names_the_set_and_its_global_ranks():
+    job = run_job(3, "set_stall.py", env={"RINGREDUCE_STALL_CHECK_TIME": "1"}, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    expected = "allreduce 'late.grad' in process set 1: submitted by rank 1"
+    for rank in (1, 2):
+        lines = job.lines_of(rank, "stderr")
+        assert any(expected in line and "still missing from rank 2" in line for line in lines), lines

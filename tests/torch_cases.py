@@ -58,3 +58,8 @@ def linear():
     """The Linear(8, 4) that the tensor-parallel layers split."""
     torch.manual_seed(3)
     return torch.nn.Linear(8, 4)
+
+
+def batch_norm_input(rank):
+    """A rank's batch of 5 rows of 3 channels for the SyncBatchNorm tests."""
+    return torch.randn(5, 3, generator=torch.Generator().manual_seed(10 + rank)) * (rank + 1)

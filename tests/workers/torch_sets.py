@@ -51,6 +51,13 @@ for kind, layer in (("column", rr.ColumnParallelLinear), ("row", rr.RowParallelL
     y = split(x)
     (y * y).sum().backward()
     out[f"{kind}-y"], out[f"{kind}-x_grad"], out[f"{kind}-w_grad"] = y.detach(), x.grad, split.weight.grad
+# SyncBatchNorm on the set: the statistics of the group's batches together.
+norm = rr.SyncBatchNorm(3, process_set=group)
+x = torch_cases.batch_norm_input(rank).requires_grad_(True)
+y = norm(x)
+(y * torch_cases.batch_norm_input(rank + 20)).sum().backward()
+out["norm-y"], out["norm-x_grad"], out["norm-running_mean"] = y.detach(), x.grad, norm.running_mean
+
 # Point-to-point within each group: the first rank sends to the second, in float32 and bfloat16.
 if group.rank() == 0:
     rr.send(torch.arange(6.0).reshape(2, 3) + rank, group.ranks[1], process_set=group, tag=3)
