@@ -91,7 +91,7 @@ def test_objects_on_sets_use_global_root_ranks(job):
             assert info["objects"] == [10 * r for r in members]
 
 
-def test_a_set_busy_on_one_rank_is_not_removed_anywhere_and_is_removed_once_idle(job):
+def test_a_set_busy_on_one_rank_is_not_removed_anywhere_and_is_removed_once_idle_and_join_within_it(job):
     size, ranks, reports = job
     for report in reports:
         assert report["info"]["removed-global"] is False
@@ -106,6 +106,9 @@ def test_a_set_busy_on_one_rank_is_not_removed_anywhere_and_is_removed_once_idle
         assert kind == "ValueError" and "not a process set of this job" in text
     for rank in range(1, size if size > 2 else 1):
         np.testing.assert_array_equal(ranks[rank]["tail-late"], np.full(4, sum(range(1, size)), np.float64))
+        if rank != 1:  # rank 1 joined: zeros in its place
+            np.testing.assert_array_equal(ranks[rank]["tail-joined"], np.full(2, sum(range(2, size)), np.float64))
+        assert reports[rank]["info"]["tail-join"] in range(2, size)  # a global rank of the set that joined last
     for rank in range(size):
         np.testing.assert_array_equal(ranks[rank]["after-global"], cases.reference_reduce(
             [cases.values(r, "float64", 9) for r in range(size)], "Sum"))

@@ -79,6 +79,11 @@ if tail is not None:  # A set with a request in flight on one rank cannot be rem
     if tail.included():
         out["tail-late"] = rr.synchronize(late) if late is not None else rr.allreduce(
             np.full(4, rank, np.float64), op=rr.Sum, name="late", process_set=tail)
+    if tail.included():  # join within the set: rank 1 has no more data, the others' allreduce goes on
+        if rank != 1:
+            out["tail-joined"] = rr.allreduce(np.full(2, rank, np.float64), op=rr.Sum, name="joined",
+                                              process_set=tail)
+        info["tail-join"] = rr.join(process_set=tail)
     info["removed-tail"] = rr.remove_process_set(tail)
     info["removed-tail-again"] = rr.remove_process_set(tail)
     record_error("use-removed", lambda: rr.allreduce(np.ones(3), process_set=tail))
