@@ -61,3 +61,13 @@ def test_misuse_is_a_clear_error(job):
         assert errors[rank]["readonly"] == ["ValueError", "recv receives into a writeable numpy or CuPy array, "
                                                           "got ndarray (read-only)"]
     assert errors[0]["not-in-set"][0] == "ValueError" and "rank 0 is not in process set 1" in errors[0]["not-in-set"][1]
+
+
+def test_a_rank_blocked_in_recv_or_in_another_sets_collective_is_no_deadlock():
+    """Rank 0 waits in a collective of the whole job for rank 1, which waits in recv (then in a
+    collective of set [1, 2]) for rank 2, which is computing: each rank is judged by what it waits
+    for, so no DeadlockError, though each wait lasts longer than RINGREDUCE_DEADLOCK_TIME."""
+    job = run_job(3, "waits_elsewhere.py", env={"RINGREDUCE_DEADLOCK_TIME": "1"}, timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(3):
+        assert job.lines_of(rank) == ["recv: sum [3.0, 3.0]", "set: sum [3.0, 3.0]"]
