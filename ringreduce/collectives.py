@@ -198,7 +198,7 @@ def synchronize(handle):
 def _grouped(submit, tensors, name, process_set):
     """submit(array, name) for each array, named `{name}.{i}` (the naming rule of every grouped
     call), together, so that they fuse."""
-    base = name or runtime.active().domain(process_set).auto_name()
+    base = name or _unnamed(runtime.active().domain(process_set))
     return GroupHandle([submit(t, f"{base}.{i}") for i, t in enumerate(tensors)])
 
 
@@ -215,26 +215,41 @@ class GroupHandle:
         return [h.wait() for h in self.handles]
 
 
-_calling = threading.local()  # .synchronously: inside a plain (waiting) call on this thread
+_calling = threading.local()  # .plain: (domain, numbers of its waiting names held) inside a plain call
 
 
 def _synchronously(start, process_set):
     """Start a request (start() returns its handle) and wait for it. The engine thread is not
     woken for it: this thread runs the cycles itself while no other thread runs one, which
     spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
-    _calling.synchronously = True
+    domain, held = runtime.active().domain(process_set), []
+    _calling.plain = (domain, held)
     try:
-        handle = start()
+        try:
+            handle = start()
+        finally:
+            _calling.plain = None
+        return domain.engine.wait_for(handle)
     finally:
-        _calling.synchronously = False
-    return runtime.active().domain(process_set).engine.wait_for(handle)
+        domain.release(held)
+
+
+def _unnamed(domain):
+    """The name of an unnamed call: a plain call's repeats (see Domain.waiting_name), an async
+    call's is counted."""
+    plain = getattr(_calling, "plain", None)
+    if plain is None or plain[0] is not domain:
+        return domain.auto_name()
+    number, name = domain.waiting_name()
+    plain[1].append(number)
+    return name
 
 
 def _submit(kind, name, build, process_set):
     """Check the arguments (build(domain) returns the Message fields and the Request's arrays) and
     enqueue to the engine of `process_set`'s domain."""
     domain = runtime.active().domain(process_set)
-    name = name or domain.auto_name()
+    name = name or _unnamed(domain)
     handle = Handle(name, domain.engine.waiters)
     try:
         fields, data = build(domain)
@@ -243,7 +258,7 @@ def _submit(kind, name, build, process_set):
         request = Request(Message(name=name, kind=kind, **fields), handle, **data)
     except (TypeError, ValueError) as error:
         request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
-    domain.engine.submit(request, wake=not getattr(_calling, "synchronously", False))
+    domain.engine.submit(request, wake=getattr(_calling, "plain", None) is None)
     return handle
 
 

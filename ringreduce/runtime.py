@@ -31,18 +31,34 @@ _hooks_installed = False
 class Domain:
     """One negotiation domain as this rank runs it: the whole job (set 0) or a process set, with
     its global ranks, its engine and the communicator of its point-to-point transfers (None where
-    this rank is not a member) and the names of its unnamed calls, counted per domain so that they
+    this rank is not a member) and the names of its unnamed calls, given per domain so that they
     agree among the domain's ranks."""
 
     def __init__(self, set_id, ranks, engine, peer_comm):
         self.set_id, self.ranks, self.engine, self.peer_comm = set_id, list(ranks), engine, peer_comm
+        self._prefix = "noname" if set_id == 0 else f"noname.{set_id}"
         self._names = itertools.count(1)
+        self._waiting = set()  # the numbers held by unnamed plain calls in flight
         self._names_lock = threading.Lock()
 
     def auto_name(self):
+        """An unnamed async call's name: counted, so the calls of every rank pair up in order."""
         with self._names_lock:
             number = next(self._names)
-        return f"noname.{number}" if self.set_id == 0 else f"noname.{self.set_id}.{number}"
+        return f"{self._prefix}.{number}"
+
+    def waiting_name(self):
+        """An unnamed plain call's (number, name): the lowest number no other plain call in flight
+        here holds. A thread's plain calls finish one by one, so a loop's unnamed calls repeat the
+        same name, which the response cache then knows (a counted name never comes again)."""
+        with self._names_lock:
+            number = min(set(range(len(self._waiting) + 1)) - self._waiting)
+            self._waiting.add(number)
+        return number, f"{self._prefix}.wait.{number}"
+
+    def release(self, numbers):
+        with self._names_lock:
+            self._waiting.difference_update(numbers)
 
     def describe(self):
         return f"process set {self.set_id} (ranks {', '.join(map(str, self.ranks))})"

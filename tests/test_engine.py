@@ -62,7 +62,7 @@ def test_small_tensors_submitted_together_are_fused(threshold, most_collectives)
 
 
 @pytest.mark.parametrize("capacity", [None, "0"])
-def test_a_repeated_loop_runs_from_the_cache(capacity):
+def test_a_repeated_loop_runs_from_the_cache_named_or_unnamed(capacity):
     env = {} if capacity is None else {"RINGREDUCE_CACHE_CAPACITY": capacity}
     job = run_job(2, "engine.py", "cache", env=env)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -77,6 +77,8 @@ def test_a_repeated_loop_runs_from_the_cache(capacity):
         # One small allreduce per cycle, and the rows only when the ranks' states differ (the
         # first announcement, or a cycle that catches one rank before its call): rarely.
         assert steady["state_gathers"] <= 10, steady
+        assert got["unnamed_plain"]["announced"] == 2 and got["unnamed_plain"]["cache_hits"] == 49
+        assert got["unnamed_async"]["announced"] == 2 * 10 and got["unnamed_async"]["cache_hits"] == 0
     else:
         assert stats["announced"] == 2 * 200
         assert stats["cache_hits"] == 0

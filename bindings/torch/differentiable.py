@@ -91,7 +91,7 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale, postscale, engine, process_set):
         ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, process_set
-        return calls.engine_allreduce_async(tensor, op, name, prescale, postscale, engine, process_set).wait()
+        return calls.engine_allreduce(tensor, op, name, prescale, postscale, engine, process_set)
 
     @staticmethod
     def backward(ctx, grad):

@@ -90,11 +90,11 @@ def _mine(tensor, dim, process_set):
 
 
 def _sum_over(tensor, process_set):
-    return tensors.engine_allreduce_async(tensor.contiguous(), ops.Sum, process_set=process_set).wait()
+    return tensors.engine_allreduce(tensor.contiguous(), ops.Sum, process_set=process_set)
 
 
 def _gather_last_dim(tensor, process_set):
-    gathered = tensors.allgather_async(tensor.movedim(-1, 0).contiguous(), process_set=process_set).wait()
+    gathered = tensors.plain_allgather(tensor.movedim(-1, 0).contiguous(), process_set=process_set)
     return gathered.movedim(0, -1)
 
 

@@ -41,7 +41,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         count = input.numel() // channels
         local = torch.cat([input.sum(dims), (input * input).sum(dims),
                            torch.tensor([float(count)], dtype=input.dtype)]).double()
-        total = tensors.engine_allreduce_async(local, core.Sum, process_set=process_set).wait()
+        total = tensors.engine_allreduce(local, core.Sum, process_set=process_set)
         ctx.process_set = process_set
         n = total[-1]
         mean = total[:channels] / n
@@ -70,8 +70,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         sum_dy_centered = (grad_output * centered).sum(dims)
         grad_weight = (sum_dy_centered * invstd) if weight is not None else None
         grad_bias = sum_dy if weight is not None else None
-        total = tensors.engine_allreduce_async(torch.cat([sum_dy, sum_dy_centered]).double(), core.Sum,
-                                               process_set=ctx.process_set).wait().to(input.dtype)
+        total = tensors.engine_allreduce(torch.cat([sum_dy, sum_dy_centered]).double(), core.Sum,
+                                         process_set=ctx.process_set).to(input.dtype)
         mean_dy, mean_dy_centered = total[:channels] / ctx.n, total[channels:] / ctx.n
         scale = invstd if weight is None else invstd * weight
         grad_input = (grad_output - mean_dy.view(shape)

@@ -175,6 +175,20 @@ def engine_allreduce_async(tensor, op, name=None, prescale_factor=1.0, postscale
     return Handle(handle, _out_of_place(tensor))
 
 
+def engine_allreduce(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                     compression=wire.Compression.none, process_set=global_process_set):
+    """engine_allreduce_async(...).wait() as one plain call, which is faster for a small tensor and,
+    unnamed, repeats its name so that the response cache knows it (for autograd.py and layers)."""
+    result = core.allreduce(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, compression=compression, process_set=process_set)
+    return as_tensor(result, tensor)
+
+
+def plain_allgather(tensor, name=None, process_set=global_process_set):
+    """allgather_async(...).wait() as one plain call (see engine_allreduce)."""
+    return as_tensor(core.allgather(tensor=as_array(tensor), name=name, process_set=process_set), tensor)
+
+
 def engine_allreduce_async_(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
                             compression=wire.Compression.none, process_set=global_process_set):
     array = as_array(tensor)

@@ -78,7 +78,15 @@ elif mode == "cache":
     for step in range(50):  # one cached name at a time: the steady state needs no gather
         assert np.array_equal(rr.allreduce(np.full(3, step + rank, np.int64), op=rr.Sum, name="steady"),
                               np.full(3, size * step + sum(range(size))))
-    report(stats=stats, steady=delta(before))
+    steady = delta(before)
+    before = rr.engine_stats()
+    for step in range(50):  # unnamed plain calls, as in user code: they repeat their name too
+        assert rr.allreduce(np.float64(step + rank), op=rr.Sum) == size * step + sum(range(size))
+    unnamed_plain = delta(before)
+    before = rr.engine_stats()
+    for step in range(10):  # unnamed async calls are counted: a new name each time
+        rr.synchronize(rr.allreduce_async(np.float64(step), op=rr.Sum))
+    report(stats=stats, steady=steady, unnamed_plain=unnamed_plain, unnamed_async=delta(before))
 
 elif mode == "fp16":
     big = 70000.0  # beyond float16's largest value, 65504
