@@ -2,6 +2,7 @@
 stages, one per rank, micro-batches passed along (GPipe's fill and drain).
 
     rrun -np 2 python examples/pipeline_parallel.py      # 2 stages, 4 micro-batches per batch
+    rrun -np 3 python examples/pipeline_parallel.py --schedule 1f1b
 
 Each rank builds only its own stage and steps its own optimizer; the gradients it holds after
 GPipe.step() are those of the whole batch, so the job trains the model one process would train:
@@ -22,6 +23,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=10)
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--micro-batches", type=int, default=4)
+parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
 parser.add_argument("--lr", type=float, default=0.1)
 parser.add_argument("--save", help="write the whole model's weights here (rank 0), after training")
 args = parser.parse_args()
@@ -47,7 +49,7 @@ for epoch in range(args.epochs):
         batch = order[start:start + args.batch_size]
         optimizer.zero_grad()
         loss = pipe.step(train_x[batch] if is_first else None, train_y[batch] if is_last else None,
-                         F.cross_entropy, micro_batches=args.micro_batches)
+                         F.cross_entropy, micro_batches=args.micro_batches, schedule=args.schedule)
         optimizer.step()
     if is_last:
         print(f"epoch {epoch + 1:2d}  loss {loss.item():.4f}", flush=True)
@@ -63,4 +65,4 @@ if rr.rank() == 0:
     model.load_state_dict(state)
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item() * 100
-    print(f"{rr.size()} stages, {args.micro_batches} micro-batches: test accuracy {accuracy:.1f}%")
+    print(f"{rr.size()} stages, {args.micro_batches} micro-batches, {args.schedule}: test accuracy {accuracy:.1f}%")

@@ -3,7 +3,7 @@
 They bypass the engine: only two ranks take part, so there is nothing to negotiate. Each process
 set has a communicator of its own for them, used by the calling threads only, so a transfer never
 interleaves with the engine's collectives and cannot deadlock with collectives pending on the same
-ranks. A transfer is a rendezvous: the sender's header (dtype, shape and a private channel), the
+ranks. A transfer is a rendezvous: the sender's header (dtype, shape and a channel of its own), the
 receiver's answer (accepted, or the mismatch), then the data on that channel. So a mismatch of
 dtype or shape is the same error on both ends, and a blocking send returns only once the receiver
 has taken the data (as MPI_Ssend): exchange with isend/irecv, as with torch.distributed.
@@ -24,7 +24,7 @@ from ringreduce.machine import backends
 from ringreduce.process_sets import global_process_set
 
 MAX_TAG = (1 << 20) - 1  # user tags; the channels lie above them, below every MPI's MPI_TAG_UB
-_CHANNELS = 1 << 22
+_CHANNELS = 1 << 21  # channel numbers in flight at once from one rank
 _MAX_DIMS = 8
 _CODES = {dtype: code for code, dtype in enumerate(arrays.SUPPORTED_DTYPES)}
 _ACCEPTED = 1
@@ -116,8 +116,11 @@ class _Send(_Transfer):
     def __init__(self, tensor, dst, process_set, tag):
         super().__init__(tensor, dst, process_set, tag, "send", writes=False)
         self.peer = self.ranks.index(dst)
+        # Above the user's tags; even from the lower rank of the pair to the higher, odd the other
+        # way, so that two ranks sending to each other never share a channel.
         with _channel_lock:
-            channel = MAX_TAG + 1 + next(_channel_numbers) % _CHANNELS
+            number = next(_channel_numbers) % _CHANNELS
+        channel = MAX_TAG + 1 + 2 * number + (self.peer < self.comm.rank)
         self.sent = self.header(channel)
         self.request = self.comm.Isend(self.sent, self.peer, self.tag)  # posted here: the order of sends
 

@@ -60,17 +60,18 @@ def test_horovod_scripts_run_with_only_their_import_line_changed(example, learne
 
 @pytest.mark.parametrize("example, ranks, says, first, second", [
     # 2 data-parallel groups x 2 tensor-parallel ranks, on the global batch
-    ("hybrid_parallel.py", 4, "2 data-parallel groups x 2 tensor-parallel ranks: test accuracy", 64, 128),
-    # 2 stages, 4 micro-batches per batch
-    ("pipeline_parallel.py", 2, "2 stages, 4 micro-batches: test accuracy", 128, 64),
-])
+    (["hybrid_parallel.py"], 4, "2 data-parallel groups x 2 tensor-parallel ranks: test accuracy", 64, 128),
+    # 2 stages, 4 micro-batches per batch; 3 stages on 1F1B's schedule
+    (["pipeline_parallel.py"], 2, "2 stages, 4 micro-batches, gpipe: test accuracy", 128, 64),
+    (["pipeline_parallel.py", "--schedule", "1f1b"], 3, "3 stages, 4 micro-batches, 1f1b: test accuracy", 128, 64),
+], ids=["hybrid", "pipeline-gpipe", "pipeline-1f1b"])
 def test_model_parallel_examples_train_the_model_one_process_trains(tmp_path, example, ranks, says, first, second):
     """After two epochs the whole weights equal those of one process training the unsplit model on
     the same batches (float tolerance)."""
     pytest.importorskip("torch")
     saved = tmp_path / "weights.pt"
     result = subprocess.run([sys.executable, "-m", "ringreduce.launcher", "-np", str(ranks), sys.executable,
-                             os.path.join(EXAMPLES, example), "--epochs", "2", "--save", str(saved)],
+                             os.path.join(EXAMPLES, example[0]), *example[1:], "--epochs", "2", "--save", str(saved)],
                             capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert says in result.stdout

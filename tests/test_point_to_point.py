@@ -31,6 +31,14 @@ def test_a_ring_of_isend_and_irecv(job):
         assert int(ranks[rank]["ring-from"]) == left
 
 
+def test_two_ranks_sending_to_each_other_at_once(job):
+    ranks, _ = job
+    for rank in (0, 1):
+        for i in range(3):
+            np.testing.assert_array_equal(ranks[rank][f"both-ways-{i}"],
+                                          cases.values(1 - rank, "float32", 10 + (1 - rank) + 5 * i))
+
+
 def test_recv_from_any_rank_on_several_tags_into_a_strided_view(job):
     ranks, _ = job
     for sender in (1, 2):

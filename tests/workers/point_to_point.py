@@ -33,6 +33,17 @@ out["ring-from"] = np.array(rr.irecv(received, left).wait())
 sending.wait()
 out["ring"] = received
 
+# Ranks 0 and 1 send to each other at once, messages of different lengths, several in flight.
+if rank < 2:
+    other = 1 - rank
+    works = [rr.isend(cases.values(rank, "float32", 10 + rank + 5 * i), other) for i in range(3)]
+    for i in range(3):
+        into = np.empty(10 + other + 5 * i, np.float32)
+        rr.recv(into, other)
+        out[f"both-ways-{i}"] = into
+    for work in works:
+        work.wait()
+
 # Rank 0 receives from whichever rank sends, on tags 5 and 6 in flight together; strided into a view.
 if rank == 0:
     for turn in range(2 * (size - 1)):
