@@ -4,6 +4,10 @@ state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}
 for daemon in slurmd slurmctld; do  # slurm_up.sh's, found by their configuration
     pkill -f "$daemon -f $state/slurm/slurm.conf" 2>/dev/null
 done
+for _ in 1 2 3 4 5 6 7 8 9 10; do  # until they have exited, or slurmctld may write its state while it is removed
+    pgrep -f "$state/slurm/slurm.conf" >/dev/null || break
+    sleep 0.5
+done
 for host in a b; do
     [ -f "$state/sshd_$host.pid" ] && kill "$(cat "$state/sshd_$host.pid")" 2>/dev/null
 done
