@@ -16,57 +16,63 @@ from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 
 
-class ColumnParallelLinear(torch.nn.Module):
-    """y = x W^T + b with the rows of W (the output features) split evenly across `process_set`:
-    each rank holds out_features / size of them, in set-rank order. With `gather_output` every rank
-    gets the whole y; without, its own slice of the last dimension (for a RowParallelLinear)."""
+class _SplitLinear(torch.nn.Module):
+    """A Linear whose weight is split evenly across `process_set` along `split_dim` (0: the output
+    features, 1: the input features), in set-rank order; the bias follows the output features."""
 
-    def __init__(self, in_features, out_features, bias=True, process_set=global_process_set, gather_output=True):
+    split_dim = None
+
+    def __init__(self, in_features, out_features, bias, process_set):
         super().__init__()
-        self.process_set, self.gather_output = process_set, gather_output
-        part = _part(out_features, process_set, "out_features")
-        self.weight = torch.nn.Parameter(torch.empty(part, in_features))
-        self.bias = torch.nn.Parameter(torch.zeros(part)) if bias else None
+        self.process_set = process_set
+        shape = [out_features, in_features]
+        what = ("out_features", "in_features")[self.split_dim]
+        shape[self.split_dim] = _part(shape[self.split_dim], process_set, what)
+        self.weight = torch.nn.Parameter(torch.empty(shape))
+        self.bias = torch.nn.Parameter(torch.zeros(shape[0])) if bias else None
         torch.nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
     @classmethod
-    def from_linear(cls, linear, process_set=global_process_set, gather_output=True):
+    def from_linear(cls, linear, process_set=global_process_set, **options):
         """This rank's part of an existing torch.nn.Linear (the same on every rank of the set)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, gather_output)
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, **options)
         with torch.no_grad():
-            layer.weight.copy_(_mine(linear.weight, 0, process_set))
+            layer.weight.copy_(_mine(linear.weight, cls.split_dim, process_set))
             if linear.bias is not None:
-                layer.bias.copy_(_mine(linear.bias, 0, process_set))
+                layer.bias.copy_(_mine(linear.bias, 0, process_set) if cls.split_dim == 0 else linear.bias)
         return layer
+
+
+class ColumnParallelLinear(_SplitLinear):
+    """y = x W^T + b with the rows of W (the output features) split evenly across `process_set`:
+    each rank holds out_features / size of them (and of b). With `gather_output` every rank gets
+    the whole y; without, its own slice of the last dimension (for a RowParallelLinear).
+    `from_linear(linear, process_set, gather_output=True)` splits an existing Linear."""
+
+    split_dim = 0
+
+    def __init__(self, in_features, out_features, bias=True, process_set=global_process_set, gather_output=True):
+        super().__init__(in_features, out_features, bias, process_set)
+        self.gather_output = gather_output
 
     def forward(self, x):
         y = F.linear(_CopyToSet.apply(x, self.process_set), self.weight, self.bias)
         return _GatherFromSet.apply(y, self.process_set) if self.gather_output else y
 
 
-class RowParallelLinear(torch.nn.Module):
+class RowParallelLinear(_SplitLinear):
     """y = x W^T + b with the columns of W (the input features) split evenly across
     `process_set`; the parts' products are summed over the set, then b (whole on every rank) is
     added. With `input_is_parallel` x is this rank's slice of the last dimension (a
-    ColumnParallelLinear's split output); without, the whole x, of which each rank takes its slice."""
+    ColumnParallelLinear's split output); without, the whole x, of which each rank takes its slice.
+    `from_linear(linear, process_set, input_is_parallel=True)` splits an existing Linear."""
+
+    split_dim = 1
 
     def __init__(self, in_features, out_features, bias=True, process_set=global_process_set,
                  input_is_parallel=True):
-        super().__init__()
-        self.process_set, self.input_is_parallel = process_set, input_is_parallel
-        part = _part(in_features, process_set, "in_features")
-        self.weight = torch.nn.Parameter(torch.empty(out_features, part))
-        self.bias = torch.nn.Parameter(torch.zeros(out_features)) if bias else None
-        torch.nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
-
-    @classmethod
-    def from_linear(cls, linear, process_set=global_process_set, input_is_parallel=True):
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, input_is_parallel)
-        with torch.no_grad():
-            layer.weight.copy_(_mine(linear.weight, 1, process_set))
-            if linear.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
+        super().__init__(in_features, out_features, bias, process_set)
+        self.input_is_parallel = input_is_parallel
 
     def forward(self, x):
         if not self.input_is_parallel:
