@@ -40,6 +40,7 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np 3 $(PYTHON) benchmarks/process_sets.py
+	$(RRUN) -np 4 $(PYTHON) examples/hybrid_parallel.py --epochs 3
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py
 	$(RRUN) -np $(NP) $(PYTHON) examples/pytorch_synthetic_benchmark.py
 

@@ -60,9 +60,11 @@ def main():
             pilot = timed(calls["MPI"], 200)
             count = mpi_pair.bcast(int(args.seconds_per_point / 3 / pilot))
             medians = {name: [] for name in calls}
-            for _ in range(3):  # interleaved rounds
+            for round_ in range(4):  # interleaved rounds, the first one a warm-up
                 for name, call in calls.items():
-                    medians[name].append(timed(call, max(count, 50)))
+                    median = timed(call, max(count, 50))
+                    if round_:
+                        medians[name].append(median)
             row = {"bytes": size, **{name: statistics.median(v) for name, v in medians.items()}}
             rows.append(row)
         step = hybrid_step(pair)

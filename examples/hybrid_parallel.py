@@ -13,6 +13,8 @@ that one process would train on the global batch: `--save` writes its whole weig
 
 import argparse
 import os
+import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -70,14 +72,18 @@ optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.
 train_x, test_x, train_y, test_y = digits()
 share = args.batch_size // groups  # each group's part of the global batch
 group = rr.rank() // tp
+step_seconds = []  # after the first epoch, for `make bench`
 for epoch in range(args.epochs):
     order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
     for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
+        started = time.perf_counter()
         mine = order[start + group * share:start + (group + 1) * share]
         optimizer.zero_grad()
         loss = F.cross_entropy(model(train_x[mine]), train_y[mine])
         loss.backward()
         optimizer.step()
+        if epoch:
+            step_seconds.append(time.perf_counter() - started)
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item() * 100
     if rr.rank() == 0:
@@ -96,4 +102,5 @@ state = {"0.weight": model[0].weight.detach(), "0.bias": model[0].bias.detach(),
 if args.save and rr.rank() == 0:
     torch.save(state, args.save)
 if rr.rank() == 0:
-    print(f"{groups} data-parallel groups x {tp} tensor-parallel ranks: test accuracy {accuracy:.1f}%")
+    step = f", {statistics.median(step_seconds) * 1e3:.2f} ms per training step" if step_seconds else ""
+    print(f"{groups} data-parallel groups x {tp} tensor-parallel ranks: test accuracy {accuracy:.1f}%{step}")

@@ -8,6 +8,7 @@ not change until the handle is done. The in-place forms write into the array the
 """
 
 import threading
+import typing
 
 import numpy as np
 
@@ -114,23 +115,23 @@ def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fac
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                                          compression, process_set), process_set)
+                                                          compression, process_set), process_set, in_order=False)
 
 
 def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                        compression=Compression.none, process_set=global_process_set):
     return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
-                                                           compression, process_set), process_set)
+                                                           compression, process_set), process_set, in_order=False)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return _synchronously(lambda: grouped_allgather_async(tensors, name, process_set), process_set)
+    return _synchronously(lambda: grouped_allgather_async(tensors, name, process_set), process_set, in_order=False)
 
 
 def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                           process_set=global_process_set):
     return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
-                                                              process_set), process_set)
+                                                              process_set), process_set, in_order=False)
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -173,6 +174,8 @@ def join(device=-1, process_set=global_process_set):
     domain = runtime.active().domain(process_set)
     handle = Handle("join", domain.engine.waiters)
     domain.engine.join(handle)
+    if domain.ordered is not None:
+        domain.ordered.answer_as_joined(handle.done)
     return domain.ranks[handle.wait()]
 
 
@@ -215,21 +218,23 @@ class GroupHandle:
         return [h.wait() for h in self.handles]
 
 
-_calling = threading.local()  # .plain: (domain, numbers of its waiting names held) inside a plain call
+_calling = threading.local()  # .plain: (domain, numbers of its waiting names held, in program order) in a plain call
 
 
-def _synchronously(start, process_set):
-    """Start a request (start() returns its handle) and wait for it. The engine thread is not
-    woken for it: this thread runs the cycles itself while no other thread runs one, which
-    spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
+def _synchronously(start, process_set, in_order=True):
+    """Start a request (start() returns its handle) and wait for it. A single plain call first
+    meets the other ranks' in program order, where its domain does so (program_order.py), which
+    runs a small allreduce or a barrier there and then; the engine gets the rest. The engine thread
+    is not woken for them: this thread runs the cycles itself while no other thread runs one,
+    which spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
     domain, held = runtime.active().domain(process_set), []
-    _calling.plain = (domain, held)
+    _calling.plain = (domain, held, in_order and domain.ordered is not None)
     try:
         try:
             handle = start()
         finally:
             _calling.plain = None
-        return domain.engine.wait_for(handle)
+        return handle.result if type(handle) is Finished else domain.engine.wait_for(handle)
     finally:
         domain.release(held)
 
@@ -247,19 +252,37 @@ def _unnamed(domain):
 
 def _submit(kind, name, build, process_set):
     """Check the arguments (build(domain) returns the Message fields and the Request's arrays) and
-    enqueue to the engine of `process_set`'s domain."""
+    enqueue to the engine of `process_set`'s domain, unless a plain call's meeting in program order
+    has run it already. Invalid arguments become the Message's problem, which every rank raises."""
     domain = runtime.active().domain(process_set)
     name = name or _unnamed(domain)
-    handle = Handle(name, domain.engine.waiters)
     try:
         fields, data = build(domain)
         if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
             data["ready"] = gpu.ready_event()
-        request = Request(Message(name=name, kind=kind, **fields), handle, **data)
+        message = Message(name=name, kind=kind, **fields)
     except (TypeError, ValueError) as error:
-        request = Request(Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), handle)
-    domain.engine.submit(request, wake=getattr(_calling, "plain", None) is None)
+        message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), {}
+    plain = getattr(_calling, "plain", None)
+    if plain is not None and plain[2] and plain[0] is domain:
+        done, result = domain.ordered.run(message, data.get("input"), data.get("output"))
+        if done:
+            return Finished(result)
+    handle = Handle(name, domain.engine.waiters)
+    domain.engine.submit(Request(message, handle, **data), wake=plain is None)
     return handle
+
+
+class Finished(typing.NamedTuple):
+    """The handle of a plain call that ran in program order: done at once."""
+
+    result: object
+
+    def done(self):
+        return True
+
+    def wait(self):
+        return self.result
 
 
 def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_place):

@@ -44,6 +44,9 @@ class Config:
     # With a stall warning, each rank also prints every thread's Python stack.
     stall_stacks: bool = False
     straggler_report: bool = False
+    # Plain allreduces on up to 8 ranks pair up in program order, small ones with their data
+    # (program_order.py); off: through the engine, as every other call.
+    program_order: bool = True
 
     @classmethod
     def from_env(cls, environ=os.environ):
@@ -76,6 +79,7 @@ class Config:
             deadlock_seconds=_number(environ, "RINGREDUCE_DEADLOCK_TIME", cls.deadlock_seconds, float, minimum=0),
             stall_stacks=bool(_switch(environ, "RINGREDUCE_STALL_STACKS")),
             straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
+            program_order=_switch(environ, "RINGREDUCE_PROGRAM_ORDER") is not False,
         )
 
 

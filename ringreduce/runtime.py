@@ -13,10 +13,11 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import preemption
+from ringreduce import preemption, program_order
 from ringreduce.algorithms import choice
 from ringreduce.config import Config
 from ringreduce.engine.loop import Engine
+from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
 from ringreduce.engine.timeline import NoTimeline, Timeline
 from ringreduce.engine.wire import Wire
@@ -30,13 +31,15 @@ _hooks_installed = False
 
 class Domain:
     """One negotiation domain as this rank runs it: the whole job (set 0) or a process set, with
-    its global ranks, its engine and the communicator of its point-to-point transfers (None where
-    this rank is not a member) and the names of its unnamed calls, given per domain so that they
+    its global ranks, its engine, the communicator of its point-to-point transfers and its plain
+    allreduces in program order (each None where this rank is not a member; `ordered` also where
+    the ranks do not run them so) and the names of its unnamed calls, given per domain so that they
     agree among the domain's ranks."""
 
-    def __init__(self, set_id, ranks, engine, peer_comm):
+    def __init__(self, set_id, ranks, engine, peer_comm, ordered=None):
         self.set_id, self.ranks, self.engine, self.peer_comm = set_id, list(ranks), engine, peer_comm
-        self._prefix = "noname" if set_id == 0 else f"noname.{set_id}"
+        self.ordered = ordered
+        self.unnamed_prefix = "noname" if set_id == 0 else f"noname.{set_id}"
         self._names = itertools.count(1)
         self._waiting = set()  # the numbers held by unnamed plain calls in flight
         self._names_lock = threading.Lock()
@@ -45,16 +48,16 @@ class Domain:
         """An unnamed async call's name: counted, so the calls of every rank pair up in order."""
         with self._names_lock:
             number = next(self._names)
-        return f"{self._prefix}.{number}"
+        return f"{self.unnamed_prefix}.{number}"
 
     def waiting_name(self):
         """An unnamed plain call's (number, name): the lowest number no other plain call in flight
         here holds. A thread's plain calls finish one by one, so a loop's unnamed calls repeat the
         same name, which the response cache then knows (a counted name never comes again)."""
         with self._names_lock:
-            number = min(set(range(len(self._waiting) + 1)) - self._waiting)
+            number = min(set(range(len(self._waiting) + 1)) - self._waiting) if self._waiting else 0
             self._waiting.add(number)
-        return number, f"{self._prefix}.wait.{number}"
+        return number, f"{self.unnamed_prefix}.wait.{number}"
 
     def release(self, numbers):
         with self._names_lock:
@@ -69,8 +72,10 @@ class Runtime:
         self.config = config
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
+        ordered_comm = comm.Dup() if program_order.available(comm, config) else None
         self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
-        self.domains = {0: Domain(0, range(self.topology.size), self.engine, comm.Dup())}
+        ranks = range(self.topology.size)
+        self.domains = {0: Domain(0, ranks, self.engine, comm.Dup(), self._ordered(ordered_comm, ranks, self.engine))}
         self.failing = False
 
     def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False):
@@ -142,14 +147,25 @@ class Runtime:
         set_id, self._next_set_id = self._next_set_id, self._next_set_id + 1
         member = self.topology.rank in ranks
         set_comm = self.control.Split(color=0 if member else 1, key=self.topology.rank)
-        engine = peer_comm = None
+        engine = peer_comm = ordered = None
         if member:
             peer_comm = set_comm.Dup()
-            engine = self._start_engine(set_comm, ranks, f" in process set {set_id}")[1]
+            ordered_comm = set_comm.Dup() if program_order.available(set_comm, self.config) else None
+            where = f" in process set {set_id}"
+            engine = self._start_engine(set_comm, ranks, where)[1]
+            ordered = self._ordered(ordered_comm, ranks, engine, where)
         else:
             set_comm.Free()
-        self.domains[set_id] = Domain(set_id, ranks, engine, peer_comm)
+        self.domains[set_id] = Domain(set_id, ranks, engine, peer_comm, ordered)
         return set_id
+
+    @staticmethod
+    def _ordered(comm, ranks, engine, where=""):
+        if comm is None:
+            return None
+        ordered = program_order.ProgramOrder(comm, ranks, engine, where)
+        engine.plain_call_stranded = ordered.stranded
+        return ordered
 
     def remove_domain(self, set_id):
         """Remove a process set, collectively; False for the whole job's set or an unknown one (as
@@ -177,8 +193,14 @@ class Runtime:
             _close(self.domains[set_id])
         self.control.Free()
         if self.config.straggler_report and self.topology.rank == 0:
-            print(straggler_table(self.engine.straggler_report, self.engine.negotiator.stragglers.cycles),
-                  file=sys.stderr, flush=True)
+            stragglers = self.stragglers()
+            print(straggler_table(stragglers.report(), stragglers.cycles), file=sys.stderr, flush=True)
+
+    def stragglers(self):
+        """The whole job's straggler record: its engine's cycles and its plain calls in program order."""
+        ordered = self.domains[0].ordered
+        return Stragglers.combined([self.engine.negotiator.stragglers]
+                                   + ([] if ordered is None else [ordered.stragglers]))
 
 
 def _close(domain):
@@ -189,6 +211,8 @@ def _close(domain):
     domain.engine.shutdown(handle)
     handle.wait()
     domain.peer_comm.Free()
+    if domain.ordered is not None:
+        domain.ordered.close()
 
 
 def init(comm=None, process_sets=None):
@@ -274,25 +298,29 @@ def active():
 
 
 def engine_stats():
-    """Counters of the engine's work so far: cycles, collectives, tensors and bytes, cache hits,
-    and the cycles whose negotiation needed every rank's full state (state_gathers)."""
-    engine = active().engine
-    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits, "state_gathers": engine.wire.gathers}
+    """Counters of the engine's work so far (of the whole job's set): cycles, collectives, tensors
+    and bytes, cache hits, and the cycles whose negotiation needed every rank's full state
+    (state_gathers); and the plain calls that ran in program order, without the engine."""
+    runtime = active()
+    engine, ordered = runtime.engine, runtime.domains[0].ordered
+    return {**engine.stats, "cache_hits": engine.negotiator.cache_hits, "state_gathers": engine.wire.gathers,
+            "in_program_order": 0 if ordered is None else ordered.ran}
 
 
 def straggler_report():
-    """Per rank that was ever the last one ready: in what share of the cycles that ran something
-    it was last, and how long it kept the others waiting then, on average."""
-    engine = active().engine
-    return {"cycles": engine.negotiator.stragglers.cycles,
+    """Per rank that was ever the last one ready: in what share of the rounds (the engine's cycles
+    that ran something, and the plain calls in program order) it was last, and how long it kept
+    the others waiting then, on average."""
+    stragglers = active().stragglers()
+    return {"cycles": stragglers.cycles,
             "ranks": [{"rank": r, "share_last": share, "mean_late_seconds": late}
-                      for r, share, late in engine.straggler_report]}
+                      for r, share, late in stragglers.report()]}
 
 
 def straggler_table(rows, cycles):
-    lines = [f"ringreduce straggler report ({cycles} cycles ran collectives):"]
+    lines = [f"ringreduce straggler report ({cycles} rounds ran collectives):"]
     for rank, share, late in rows:
-        lines.append(f"  rank {rank} was last in {share:.0%} of cycles, {late * 1000:.1f} ms late on average")
+        lines.append(f"  rank {rank} was last in {share:.0%} of rounds, {late * 1000:.1f} ms late on average")
     if not rows:
         lines.append("  no rank kept the others waiting")
     return "\n".join(lines)

@@ -20,6 +20,11 @@ def allreduce_cases(size):
                 yield f"allreduce-{dtype}-{op}-{length}", dtype, op, length
 
 
+def ends(size):
+    """A process set of the first and the last rank (at 2 ranks, whose set that is, the last alone)."""
+    return [0, size - 1] if size > 2 else [size - 1]
+
+
 def values(rank, dtype, length, salt=0):
     """Small whole numbers (bools for bool), so every sum and product is exact in any order
     of reduction and the comparison with numpy can be exact, to the last element."""

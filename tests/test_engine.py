@@ -79,6 +79,7 @@ def test_a_repeated_loop_runs_from_the_cache_named_or_unnamed(capacity):
         assert steady["state_gathers"] <= 10, steady
         assert got["unnamed_plain"]["announced"] == 2 and got["unnamed_plain"]["cache_hits"] == 49
         assert got["unnamed_async"]["announced"] == 2 * 10 and got["unnamed_async"]["cache_hits"] == 0
+        assert got["small_plain"]["in_program_order"] == 50 and got["small_plain"]["tensors"] == 0
     else:
         assert stats["announced"] == 2 * 200
         assert stats["cache_hits"] == 0
@@ -178,7 +179,8 @@ def test_straggler_report_names_the_slow_rank():
     worst = got["report"]["ranks"][0]
     assert worst["rank"] == 2 and worst["share_last"] >= 0.8 and worst["mean_late_seconds"] >= 0.01
     table = job.lines_of(0, "stderr")
-    assert table[0].startswith("ringreduce straggler report (20 cycles ran collectives)")
+    # 20 plain calls in program order: each packet says how long its rank waited in the call before.
+    assert table[0].startswith("ringreduce straggler report (19 rounds ran collectives)")
     assert table[1].startswith("  rank 2 was last in ")
 
 

@@ -30,6 +30,8 @@ EXPECTED = {
     "bool-sum": ("UnsupportedDtypeError", "failed on ranks 0, 1, 2: Sum is not defined for bool"),
     "root-out-of-range": ("ValueError", "root_rank 3 is not a rank of this job (0 to 2)"),
     "duplicate": ("ValueError", "allreduce 'twice' was submitted again on rank "),
+    "name": ("MismatchError", "plain calls pair up in program order, and here their names differ: allreduce 'even' "
+                              "on ranks 0, 2 but allreduce 'odd' on rank 1"),
 }
 
 
@@ -97,10 +99,10 @@ def test_a_rank_that_leaves_early_is_named(mode, mpi_python):
     job = run_job(2, "misbehave.py", mode, python=mpi_python, timeout=60)
     assert job.returncode != 0
     # Rank 0 fails because rank 1 left; rrun blames rank 1, on its host.
-    assert "PeerExitedError: rank 1 shut down while rank 0 waited in allreduce 'after'" in job.stderr
+    assert "PeerExitedError: rank 1 shut down while rank 0 waited in plain allreduce 'after'" in job.stderr
     assert job.last_line.startswith("rrun: rank 1 (on "), job.last_line
     assert job.last_line.endswith(") failed first: left the job while others waited for it (its script ended or "
-                                  "called sys.exit): rank 1 shut down while rank 0 waited in allreduce 'after'; "
+                                  "called sys.exit): rank 1 shut down while rank 0 waited in plain allreduce 'after'; "
                                   "every rank must make the same collective calls"), job.last_line
 
 

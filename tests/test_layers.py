@@ -26,18 +26,19 @@ LAUNCHER_PROTOCOL = "ringreduce.launcher.protocol"
 # The core's layers, top first; a module belongs to the first prefix it starts with.
 LAYERS = (
     ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
-                    "ringreduce.point_to_point", "ringreduce.collectives", "ringreduce.runtime", "ringreduce.arrays",
-                    "ringreduce.build", "ringreduce.preemption")),
+                    "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
+                    "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
     ("machine", ("ringreduce.machine",)),
     ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.errors")),
 )
-# Start-up, the state exchange, point-to-point transfers, the algorithms and what talks to the
-# machine own MPI objects; the engine loop, the negotiation, fusion, execution and the public API calls do not.
-MPI_OWNERS = ("ringreduce.runtime", "ringreduce.point_to_point", "ringreduce.engine.wire", "ringreduce.algorithms",
-              "ringreduce.machine")
+# Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the
+# algorithms and what talks to the machine own MPI objects; the engine loop, the negotiation, fusion,
+# execution and the other public API calls do not.
+MPI_OWNERS = ("ringreduce.runtime", "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.engine.wire",
+              "ringreduce.algorithms", "ringreduce.machine")
 
 
 def _modules():

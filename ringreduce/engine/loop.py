@@ -67,6 +67,10 @@ class Engine:
         self._reported_leaving = False
         self._no_announcements = ((),) * self.size
         self._waited = 0.0  # seconds this rank waited in the last negotiation
+        self.leaving = frozenset()  # the ranks (by index) that said in the last cycle that they shut down
+        # While this rank shuts down: what a plain call of another rank waits for from it, or None
+        # (set by whoever runs the plain calls, which pass the engine by).
+        self.plain_call_stranded = None
         self._thread = threading.Thread(target=self._run, name="ringreduce-engine", daemon=True)
         self._thread.start()
 
@@ -182,19 +186,15 @@ class Engine:
             announcements = self._no_announcements
         outcome = self.negotiator.negotiate(states, announcements, started)
         self.stats["cycles"] += 1
-        if outcome.responses:
+        if outcome.responses or self._shutdown_handle is not None:
             self._report_stranded(outcome.responses)
+        if outcome.responses:
             self._execute(outcome.responses, started)
         if outcome.join_done is not None and self._join_handle is not None:
             self._join_handle.finish(outcome.join_done)
             self._join_handle = None
         if outcome.stall_warning:
-            sys.stderr.write(f"[rank {self.global_rank}] {outcome.stall_warning}\n")
-            if self.config.stall_stacks:  # where each thread of this rank is, the missing one's included
-                sys.stderr.write(f"[rank {self.global_rank}] Python stacks (most recent call first):\n")
-                sys.stderr.flush()
-                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            sys.stderr.flush()
+            report_stall(self.global_rank, outcome.stall_warning, self.config.stall_stacks)
         return outcome, states
 
     def _accept(self, item):
@@ -230,6 +230,7 @@ class Engine:
         started = time.perf_counter()
         states = self.wire.states(mine)
         self._waited = time.perf_counter() - started
+        self.leaving = frozenset(rank for rank, state in enumerate(states) if state.shutting_down)
         return states
 
     def _execute(self, responses, cycle_started):
@@ -261,10 +262,13 @@ class Engine:
         others then fail because of it, this rank is named, whose own exit would come too late."""
         if self._shutdown_handle is None or self._reported_leaving or self._on_stranded is None:
             return
-        stranded = [r for r in responses if isinstance(r.error, PeerExitedError) and r.name not in self._pending]
+        stranded = [str(r.error) for r in responses if isinstance(r.error, PeerExitedError)
+                    and r.name not in self._pending]
+        if not stranded and self.plain_call_stranded is not None:
+            stranded = [why for why in (self.plain_call_stranded(),) if why]
         if stranded:
             self._reported_leaving = True
-            self._on_stranded(str(stranded[0].error))
+            self._on_stranded(stranded[0])
 
     def _break(self, cause):
         """Fail everything in flight and every later request, with `cause` chained to the error they
@@ -289,5 +293,17 @@ class Engine:
         self._shutdown_handle.finish()
 
     @property
-    def straggler_report(self):
-        return self.negotiator.stragglers.report()
+    def failure(self):
+        """The error of a broken engine, or None."""
+        return self._failure
+
+
+def report_stall(global_rank, warning, stacks):
+    """Print a stall warning on this rank's stderr; with `stacks`, where each thread of this rank is
+    (the one that others wait for included)."""
+    sys.stderr.write(f"[rank {global_rank}] {warning}\n")
+    if stacks:
+        sys.stderr.write(f"[rank {global_rank}] Python stacks (most recent call first):\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()

@@ -76,6 +76,16 @@ class Stragglers:
             self.last[rank] += 1
             self.waited[rank] += lateness
 
+    @classmethod
+    def combined(cls, parts):
+        """One record of several (the engine's cycles and the plain calls in program order)."""
+        whole = cls(len(parts[0].last))
+        for part in parts:
+            whole.cycles += part.cycles
+            whole.last = [a + b for a, b in zip(whole.last, part.last, strict=True)]
+            whole.waited = [a + b for a, b in zip(whole.waited, part.waited, strict=True)]
+        return whole
+
     def report(self):
         """[(rank, share of cycles it was last in, mean seconds late when it was)], worst first."""
         rows = [(r, self.last[r] / self.cycles, self.waited[r] / self.last[r])
@@ -238,8 +248,9 @@ class Negotiator:
         waits = []
         for rank in range(self.size):
             names = [f"{entry.kind} {name!r}" for name, entry in self.table.items() if rank in entry.messages]
-            waits.append(f"{self._text([rank])} waits in " + (", ".join(names) if names else "join()" if rank in
-                                                               joined else "nothing of these"))
+            waits.append(f"{self._text([rank])} waits " + (
+                "in " + ", ".join(names) if names else "in join()" if rank in joined
+                else "elsewhere (in a plain call, a collective of another process set or a recv)"))
         error = DeadlockError(
             f"deadlock{self.where}: every rank has been blocked for {self.deadlock_seconds:g} s with nothing new "
             f"submitted anywhere: {'; '.join(waits)}. Every rank must make the same collective calls "

@@ -3,9 +3,11 @@ tensor with its phases, and a mark for each cycle that did work.
 
 Events are written as they end, one per line in a JSON array whose closing bracket comes at
 shutdown; the trace viewers accept the array without it, so a killed job's file still opens.
+The engine thread and the callers' plain calls in program order both write: one at a time.
 """
 
 import json
+import threading
 import time
 
 
@@ -19,28 +21,34 @@ class Timeline:
         self._start = time.perf_counter()
         self._rows = {}
         self._first = True
+        self._lock = threading.Lock()
         self._write({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
 
-    def phase(self, tensor, phase, start, end):
-        row = self._rows.get(tensor)
-        if row is None:
-            row = self._rows[tensor] = len(self._rows) + 1
-            self._write({"name": "thread_name", "ph": "M", "pid": self._rank, "tid": row,
-                         "args": {"name": tensor}})
-        self._write({"name": phase, "ph": "X", "pid": self._rank, "tid": row, "ts": self._us(start),
-                     "dur": max(self._us(end) - self._us(start), 0.0), "args": {"tensor": tensor}})
+    def phase(self, tensor, phase, start, end, flush=False):
+        """One phase of a tensor's; `flush` where no cycle mark follows to flush it."""
+        with self._lock:
+            row = self._rows.get(tensor)
+            if row is None:
+                row = self._rows[tensor] = len(self._rows) + 1
+                self._write({"name": "thread_name", "ph": "M", "pid": self._rank, "tid": row,
+                             "args": {"name": tensor}})
+            self._write({"name": phase, "ph": "X", "pid": self._rank, "tid": row, "ts": self._us(start),
+                         "dur": max(self._us(end) - self._us(start), 0.0), "args": {"tensor": tensor}})
+            if flush:
+                self._file.flush()
 
     def cycle(self, number, start, tensors, collectives):
-        if not self._mark_cycles:
+        with self._lock:
+            if self._mark_cycles:
+                self._write({"name": "CYCLE", "ph": "i", "s": "p", "pid": self._rank, "tid": 0,
+                             "ts": self._us(start),
+                             "args": {"cycle": number, "tensors": tensors, "collectives": collectives}})
             self._file.flush()
-            return
-        self._write({"name": "CYCLE", "ph": "i", "s": "p", "pid": self._rank, "tid": 0, "ts": self._us(start),
-                     "args": {"cycle": number, "tensors": tensors, "collectives": collectives}})
-        self._file.flush()
 
     def close(self):
-        self._file.write("\n]\n")
-        self._file.close()
+        with self._lock:
+            self._file.write("\n]\n")
+            self._file.close()
 
     def _us(self, moment):
         return round((moment - self._start) * 1e6, 1)
@@ -55,7 +63,7 @@ class NoTimeline:
 
     recording = False  # callers may skip gathering what they would record
 
-    def phase(self, tensor, phase, start, end):
+    def phase(self, tensor, phase, start, end, flush=False):
         pass
 
     def cycle(self, number, start, tensors, collectives):

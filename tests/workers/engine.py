@@ -74,19 +74,27 @@ elif mode == "cache":
         handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
         assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
     stats = delta(before)
+    # Plain calls too large to run in program order (program_order.py) go through the engine.
+    large = 20_000
     before = rr.engine_stats()
     for step in range(50):  # one cached name at a time: the steady state needs no gather
-        assert np.array_equal(rr.allreduce(np.full(3, step + rank, np.int64), op=rr.Sum, name="steady"),
-                              np.full(3, size * step + sum(range(size))))
+        assert np.array_equal(rr.allreduce(np.full(large, step + rank, np.int64), op=rr.Sum, name="steady"),
+                              np.full(large, size * step + sum(range(size))))
     steady = delta(before)
     before = rr.engine_stats()
     for step in range(50):  # unnamed plain calls, as in user code: they repeat their name too
-        assert rr.allreduce(np.float64(step + rank), op=rr.Sum) == size * step + sum(range(size))
+        total = rr.allreduce(np.full(large, step + rank, np.float64), op=rr.Sum)
+        assert (total == size * step + sum(range(size))).all()
     unnamed_plain = delta(before)
     before = rr.engine_stats()
     for step in range(10):  # unnamed async calls are counted: a new name each time
         rr.synchronize(rr.allreduce_async(np.float64(step), op=rr.Sum))
-    report(stats=stats, steady=steady, unnamed_plain=unnamed_plain, unnamed_async=delta(before))
+    unnamed_async = delta(before)
+    before = rr.engine_stats()
+    for step in range(50):  # small plain calls run in program order, without the engine
+        assert rr.allreduce(np.float64(step + rank), op=rr.Sum) == size * step + sum(range(size))
+    report(stats=stats, steady=steady, unnamed_plain=unnamed_plain, unnamed_async=unnamed_async,
+           small_plain=delta(before))
 
 elif mode == "fp16":
     big = 70000.0  # beyond float16's largest value, 65504
@@ -162,10 +170,11 @@ elif mode == "poll":
     value = rr.synchronize(handle)
     report(done=rr.poll(handle), value=value.tolist())
 elif mode == "deadlock":
-    # Rank r waits in its own allreduce, which no other rank submits; then every rank goes on.
+    # Rank r waits in its own allreduce, which no other rank submits; then every rank goes on. (Plain
+    # calls of different names would meet in program order, an error at once: test_errors.py.)
     started = time.monotonic()
     try:
-        rr.allreduce(np.ones(3), name=f"only-on-{rank}")
+        rr.synchronize(rr.allreduce_async(np.ones(3), name=f"only-on-{rank}"))
     except rr.DeadlockError as error:
         report(error=str(error), seconds=time.monotonic() - started)
     report(after=rr.allreduce(np.full(2, rank + 1.0), op=rr.Sum, name="after").tolist())

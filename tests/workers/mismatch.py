@@ -28,6 +28,8 @@ def run(case):
         rr.allreduce(np.zeros(3), prescale_factor=2.0 if odd else 1.0)
     elif case == "compression":
         rr.allreduce(np.zeros(3), compression=rr.Compression.fp16 if odd else rr.Compression.none)
+    elif case == "name":
+        rr.allreduce(np.zeros(3), name="odd" if odd else "even")
     elif case == "duplicate":
         first = rr.allreduce_async(np.ones(3), name="twice")
         second = rr.allreduce_async(np.ones(3), name="twice")

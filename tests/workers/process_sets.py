@@ -77,8 +77,8 @@ if tail is not None:  # A set with a request in flight on one rank cannot be rem
             if rank == 1 else None)
     record_error("remove-busy", lambda: rr.remove_process_set(tail))
     if tail.included():
-        out["tail-late"] = rr.synchronize(late) if late is not None else rr.allreduce(
-            np.full(4, rank, np.float64), op=rr.Sum, name="late", process_set=tail)
+        out["tail-late"] = rr.synchronize(late if late is not None else rr.allreduce_async(
+            np.full(4, rank, np.float64), op=rr.Sum, name="late", process_set=tail))
     if tail.included():  # join within the set: rank 1 has no more data, the others' allreduce goes on
         if rank != 1:
             out["tail-joined"] = rr.allreduce(np.full(2, rank, np.float64), op=rr.Sum, name="joined",

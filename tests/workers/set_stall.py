@@ -13,5 +13,5 @@ if rr.rank() == 1:
     rr.synchronize(rr.allreduce_async(np.ones(3), name="late.grad", process_set=tail))
 elif rr.rank() == 2:
     time.sleep(2.5)
-    rr.allreduce(np.ones(3), name="late.grad", process_set=tail)
+    rr.synchronize(rr.allreduce_async(np.ones(3), name="late.grad", process_set=tail))
 rr.barrier()
