@@ -25,6 +25,7 @@ import os
 import pickle
 import struct
 import time
+import typing
 
 import numpy as np
 from mpi4py import MPI
@@ -95,6 +96,7 @@ class ProgramOrder:
         if plan.carries:
             ops.scale(array, message.prescale, out=mine)
         sends = [self.comm.Isend([self._out, plan.length, MPI.BYTE], peer, _TAG) for peer in self.peers]
+        sent_wait = self._waited
         try:
             received = self._receive(message)
             if not MPI.Request.Testall(sends):  # the peers are in this call: they take them soon
@@ -103,11 +105,13 @@ class ProgramOrder:
             self._broken = f"{type(error).__name__}: {error}"
             raise
         number, self.calls = self.calls, self.calls + 1
+        joined = [packet for packet in received if packet.flags & _JOINED]
         self._check(message, plan.header, received, number)
-        self._record_waits(received, number)
+        if number and not joined:
+            self._record_waits(received, sent_wait)
         if plan.carries:
             result = self._combine(message, plan, mine, received, output)
-        elif message.kind == "barrier" and not any(packet[0] & _JOINED for packet in received.values()):
+        elif message.kind == "barrier" and not joined:
             result = None  # every rank has arrived (a joined one is the engine's to refuse)
         else:
             return False, None
@@ -125,16 +129,16 @@ class ProgramOrder:
         return plan
 
     def _receive(self, message):
-        """{peer: its message's bytes}, waiting as transport.wait_until does, and telling a peer
-        that left or a stall from a wait that goes on."""
-        received, waiting = {}, list(self.peers)
+        """Every peer's _Packet, waiting as transport.wait_until does, and telling a peer that left
+        or a stall from a wait that goes on."""
+        received, waiting = [], list(self.peers)
         started = time.perf_counter()
         warned = told_async = False
         while True:
             for peer in list(waiting):
                 incoming = self.comm.Improbe(peer, _TAG, self._status)
                 if incoming is not None:
-                    received[peer] = self._take(incoming, peer)
+                    received.append(_Packet(peer, *self._take(incoming, peer)))
                     waiting.remove(peer)
             if not waiting:
                 self._waited = time.perf_counter() - started
@@ -158,7 +162,7 @@ class ProgramOrder:
         if len(self._in[peer]) < count:
             self._in[peer] = bytearray(count)
         incoming.Recv([self._in[peer], count, MPI.BYTE])
-        return self._in[peer]
+        return (*_PREFIX.unpack_from(self._in[peer]), self._in[peer])
 
     def _check_others(self, message, waiting, waited):
         """Raise when waiting on cannot end well: a peer left, the engine broke, or the stall
@@ -195,17 +199,16 @@ class ProgramOrder:
     def _check(self, message, header, received, number):
         """Raise the same error on every rank where the ranks' calls (this rank's `number`th) differ."""
         headers, differ = {}, False
-        for peer, packet in received.items():
-            flags, length, calls, _ = _PREFIX.unpack_from(packet)
-            if flags & _JOINED:
+        for packet in received:
+            if packet.flags & _JOINED:
                 continue
-            if calls != number:
+            if packet.calls != number:
                 raise MismatchError(
                     f"plain calls{self.where} are out of step: this is call {number + 1} in program order on "
-                    f"rank {self.ranks[self.me]} but call {calls + 1} on rank {self.ranks[peer]} (a call that "
-                    "failed on one rank only, or plain calls made from two threads at once)")
-            headers[self.ranks[peer]] = packet[_PREFIX.size:_PREFIX.size + length]
-            differ = differ or headers[self.ranks[peer]] != header
+                    f"rank {self.ranks[self.me]} but call {packet.calls + 1} on rank {self.ranks[packet.peer]} (a "
+                    "call that failed on one rank only, or plain calls made from two threads at once)")
+            theirs = headers[self.ranks[packet.peer]] = packet.buffer[_PREFIX.size:_PREFIX.size + packet.length]
+            differ = differ or theirs != header
         if not differ:
             return
         messages = {self.ranks[self.me]: message, **{rank: pickle.loads(h) for rank, h in headers.items()}}
@@ -222,22 +225,22 @@ class ProgramOrder:
         if error is not None:
             raise error
 
-    def _record_waits(self, received, number):
+    def _record_waits(self, received, sent_wait):
         """Each packet says how long its sender waited in the call before: every rank records the
-        same waits, and so names the same straggler (one call late; joined ranks say nothing)."""
-        if number == 0 or any(packet[0] & _JOINED for packet in received.values()):
-            return
-        waits = [0.0] * self.size
-        for peer, packet in received.items():
-            waits[peer] = _PREFIX.unpack_from(packet)[3]
-        waits[self.me] = _PREFIX.unpack_from(self._out)[3]
+        same waits, and so names the same straggler (one call late)."""
+        waits = [sent_wait] * self.size
+        for packet in received:
+            waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
     def _combine(self, message, plan, mine, received, output):
         """The contributions combined in rank order (the same rounding on every rank), scaled;
-        into `output`, or a new array."""
-        parts = [mine if rank == self.me else plan.data(rank, received[rank]) for rank in range(self.size)
-                 if rank == self.me or not received[rank][0] & _JOINED]  # a joined rank adds the identity
+        into `output`, or a new array. A joined rank adds the identity: nothing."""
+        parts = {self.me: mine}
+        for packet in received:
+            if not packet.flags & _JOINED:
+                parts[packet.peer] = plan.data(packet.peer, packet.buffer)
+        parts = [parts[rank] for rank in sorted(parts)]
         if len(parts) == 1:
             result = mine.copy() if output is None else output
             if output is not None:
@@ -271,8 +274,8 @@ class ProgramOrder:
                 if not found:
                     return
                 peer = self._status.Get_source()
-                packet = self._take(found[0], peer)
-                self.calls = _PREFIX.unpack_from(packet)[2] + 1
+                packet = _Packet(peer, *self._take(found[0], peer))
+                self.calls = packet.calls + 1
                 self.comm.Send(answer, peer, _TAG)
 
     def stranded(self):
@@ -282,11 +285,10 @@ class ProgramOrder:
         if incoming is None:
             return None
         peer = self._status.Get_source()
-        packet = self._take(incoming, peer)
-        flags, length, _, _ = _PREFIX.unpack_from(packet)
-        if flags & _JOINED:
+        packet = _Packet(peer, *self._take(incoming, peer))
+        if packet.flags & _JOINED:
             return None
-        message = pickle.loads(packet[_PREFIX.size:_PREFIX.size + length])
+        message = pickle.loads(packet.buffer[_PREFIX.size:_PREFIX.size + packet.length])
         return (f"rank {self.ranks[self.me]} shut down while rank {self.ranks[peer]} waited in plain {message.kind} "
                 f"{message.name!r}{self.where}; every rank must make the same collective calls")
 
@@ -295,6 +297,17 @@ class ProgramOrder:
 
     def close(self):
         self.comm.Free()
+
+
+class _Packet(typing.NamedTuple):
+    """A peer's packet as received: its prefix's fields, and the buffer it lies in."""
+
+    peer: int
+    flags: int
+    length: int  # of the pickled Message
+    calls: int
+    waited: float
+    buffer: bytearray
 
 
 class _Plan:
