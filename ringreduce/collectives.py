@@ -102,14 +102,14 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
               compression=Compression.none, process_set=global_process_set):
-    return _synchronously(lambda: allreduce_async(tensor, op, name, prescale_factor, postscale_factor, compression,
-                                                  process_set), process_set)
+    return _plain_allreduce(allreduce_async, tensor, op, name, prescale_factor, postscale_factor, compression,
+                            process_set, in_place=False)
 
 
 def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                compression=Compression.none, process_set=global_process_set):
-    return _synchronously(lambda: allreduce_async_(tensor, op, name, prescale_factor, postscale_factor, compression,
-                                                   process_set), process_set)
+    return _plain_allreduce(allreduce_async_, tensor, op, name, prescale_factor, postscale_factor, compression,
+                            process_set, in_place=True)
 
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -218,17 +218,43 @@ class GroupHandle:
         return [h.wait() for h in self.handles]
 
 
-_calling = threading.local()  # .plain: (domain, numbers of its waiting names held, in program order) in a plain call
+# .plain, in a plain call: (domain, numbers of its waiting names held, whether it meets the others in
+# program order, and the key under which to remember its checked Message, or None)
+_calling = threading.local()
 
 
-def _synchronously(start, process_set, in_order=True):
+def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor, compression, process_set,
+                     in_place):
+    """submit(...) waited for. A small allreduce of a numpy array whose arguments passed the checks
+    before in a call that ran in program order (the same dtype, shape, op, scaling, compression,
+    name, and in place a writeable contiguous array) meets the others at once, checked already."""
+    domain = runtime.active().domain(process_set)
+    if domain.ordered is None or type(tensor) is not np.ndarray:
+        return _synchronously(lambda: submit(tensor, op, name, prescale_factor, postscale_factor, compression,
+                                             process_set), process_set)
+    number, plain_name = (None, name) if name else domain.waiting_name()
+    try:
+        key = (plain_name, tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor, compression,
+               in_place and tensor.flags.writeable and tensor.flags.c_contiguous)
+        message = domain.checked.get(key)
+        if message is not None:
+            return domain.ordered.run(message, tensor, tensor if in_place else None)[1]
+        return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression,
+                                             process_set), process_set, remember=key)
+    finally:
+        if number is not None:
+            domain.release([number])
+
+
+def _synchronously(start, process_set, in_order=True, remember=None):
     """Start a request (start() returns its handle) and wait for it. A single plain call first
     meets the other ranks' in program order, where its domain does so (program_order.py), which
-    runs a small allreduce or a barrier there and then; the engine gets the rest. The engine thread
-    is not woken for them: this thread runs the cycles itself while no other thread runs one,
-    which spares a small call two thread hand-offs (the engine thread's wake-up and this one's)."""
+    runs a small allreduce or a barrier there and then (and its Message is kept under `remember`,
+    see _plain_allreduce); the engine gets the rest. The engine thread is not woken for them: this
+    thread runs the cycles itself while no other thread runs one, which spares a small call two
+    thread hand-offs (the engine thread's wake-up and this one's)."""
     domain, held = runtime.active().domain(process_set), []
-    _calling.plain = (domain, held, in_order and domain.ordered is not None)
+    _calling.plain = (domain, held, in_order and domain.ordered is not None, remember)
     try:
         try:
             handle = start()
@@ -267,6 +293,8 @@ def _submit(kind, name, build, process_set):
     if plain is not None and plain[2] and plain[0] is domain:
         done, result = domain.ordered.run(message, data.get("input"), data.get("output"))
         if done:
+            if plain[3] is not None:
+                domain.remember_checked(plain[3], message)
             return Finished(result)
     handle = Handle(name, domain.engine.waiters)
     domain.engine.submit(Request(message, handle, **data), wake=plain is None)

@@ -14,13 +14,17 @@ engine would compare) with its prescaled data, receives theirs, and then
 - if they agree and the call is large, on a GPU or compressed (no data came), the caller runs it
   through the engine as before: the exchange only checked it.
 
+Each distinct call gets a plan the first time it comes: its packet in a buffer of its own, a
+buffer per peer, and MPI persistent requests that send and receive them, so that a repeated call
+costs one copy in, starting the requests and testing them, and the reduction.
+
 Plain calls pair with plain calls: an async allreduce of the same name on another rank does not
 pair with a plain one. Two threads making plain allreduces on one set at once have no order in
 common across ranks: give them the async forms (or RINGREDUCE_PROGRAM_ORDER=0). A rank that has
 joined answers the plain calls of the others with the op's identity until every rank has joined.
 """
 
-import math
+import contextlib
 import os
 import pickle
 import struct
@@ -44,6 +48,8 @@ _JOINED = 1  # flags: the sender has joined and stands in with the op's identity
 # flags, length of the pickled Message, call number, seconds waited for the others in the call before
 _PREFIX = struct.Struct("<BxxxIQd")
 _ALIGN = 8
+_ROOM = 4096  # how much longer than this rank's a peer's description may be and still arrive whole
+_PLANS = 64  # distinct calls kept (a tensor-parallel step has a handful)
 
 
 def available(comm, config):
@@ -54,7 +60,7 @@ def available(comm, config):
 
 
 class ProgramOrder:
-    """The plain allreduces of one domain on this rank, over a communicator of their own."""
+    """The plain calls of one domain on this rank, over a communicator of their own."""
 
     def __init__(self, comm, ranks, engine, where):
         """`comm` is owned from now on; `ranks` are its ranks as the user knows them, `engine` the
@@ -65,9 +71,7 @@ class ProgramOrder:
         self.calls = 0  # plain calls so far: the same count on every rank in step
         self.ran = 0  # of which ran here (the others through the engine)
         self._plans = {}  # Message -> _Plan
-        self._out = bytearray(_ALIGN)
-        self._written = None  # the plan whose header _out holds
-        self._in = {peer: bytearray(_ALIGN) for peer in self.peers}
+        self._scratch = bytearray(_ALIGN)  # packets taken outside a plan: answered as joined, or stranded
         self._status = MPI.Status()
         self._broken = None
         self._waited = 0.0  # in the last call, for the others' packets
@@ -86,21 +90,16 @@ class ProgramOrder:
         recording = self.engine.timeline.recording
         started = time.perf_counter() if recording else None
         plan = self._plan(message)
-        if len(self._out) < plan.length:
-            self._out, self._written = bytearray(plan.length), None
-        _PREFIX.pack_into(self._out, 0, 0, len(plan.header), self.calls, self._waited)
-        if self._written is not plan:
-            self._out[_PREFIX.size:_PREFIX.size + len(plan.header)] = plan.header
-            self._written = plan
-        mine = plan.data(self.me, self._out)
-        if plan.carries:
-            ops.scale(array, message.prescale, out=mine)
-        sends = [self.comm.Isend([self._out, plan.length, MPI.BYTE], peer, _TAG) for peer in self.peers]
         sent_wait = self._waited
+        _PREFIX.pack_into(plan.out, 0, 0, len(plan.header), self.calls, sent_wait)
+        if plan.carries:
+            ops.scale(array, message.prescale, out=plan.mine)
+        MPI.Prequest.Startall(plan.requests)
         try:
-            received = self._receive(message)
-            if not MPI.Request.Testall(sends):  # the peers are in this call: they take them soon
-                wait_until(lambda: MPI.Request.Testall(sends))
+            received = self._receive(message, plan)
+        except MismatchError:
+            self.calls += 1  # every rank took this call's packets: still in step
+            raise
         except BaseException as error:
             self._broken = f"{type(error).__name__}: {error}"
             raise
@@ -110,7 +109,7 @@ class ProgramOrder:
         if number and not joined:
             self._record_waits(received, sent_wait)
         if plan.carries:
-            result = self._combine(message, plan, mine, received, output)
+            result = self._combine(message, plan, received, output)
         elif message.kind == "barrier" and not joined:
             result = None  # every rank has arrived (a joined one is the engine's to refuse)
         else:
@@ -123,32 +122,25 @@ class ProgramOrder:
     def _plan(self, message):
         plan = self._plans.get(message)
         if plan is None:
-            if len(self._plans) >= 1024:  # a program that makes ever new calls: keep what recent ones need
-                self._plans.clear()
-            plan = self._plans[message] = _Plan(message, len(self.peers))
+            if len(self._plans) >= _PLANS:  # a program that makes ever new calls: keep what recent ones need
+                self._free_plans()
+            plan = self._plans[message] = _Plan(message, self.comm, self.peers)
         return plan
 
-    def _receive(self, message):
-        """Every peer's _Packet, waiting as transport.wait_until does, and telling a peer that left
-        or a stall from a wait that goes on."""
-        received, waiting = [], list(self.peers)
+    def _receive(self, message, plan):
+        """Every peer's _Packet once the plan's requests are done, waiting as transport.wait_until
+        does, and telling a peer that left or a stall from a wait that goes on."""
         started = time.perf_counter()
         warned = told_async = False
-        while True:
-            for peer in list(waiting):
-                incoming = self.comm.Improbe(peer, _TAG, self._status)
-                if incoming is not None:
-                    received.append(_Packet(peer, *self._take(incoming, peer)))
-                    waiting.remove(peer)
-            if not waiting:
-                self._waited = time.perf_counter() - started
-                return received
+        while not _done(plan.requests, message, self.where):
             waited = time.perf_counter() - started
             if waited < YIELD_SECONDS:
                 os.sched_yield()
                 continue
             with self.engine.waiters:  # this rank is blocked: what tells a deadlock of the others' requests
                 time.sleep(min(waited / 4, MAX_SLEEP_SECONDS))
+            waiting = [peer for peer, request in zip(self.peers, plan.receives, strict=True)
+                       if not _done([request], message, self.where)]
             self._check_others(message, waiting, waited)
             if not told_async:
                 told_async = self._tell_async(message, waiting)
@@ -156,13 +148,16 @@ class ProgramOrder:
                 warned = True
                 report_stall(self.ranks[self.me], self._stall_text(message, waiting, waited),
                              self.engine.config.stall_stacks)
+        self._waited = time.perf_counter() - started
+        return [_Packet(peer, *_PREFIX.unpack_from(buffer), buffer) for peer, buffer in plan.ins.items()]
 
-    def _take(self, incoming, peer):
+    def _take(self, incoming):
+        """A packet taken outside a plan (a matched probe's), in the scratch buffer."""
         count = self._status.Get_count(MPI.BYTE)
-        if len(self._in[peer]) < count:
-            self._in[peer] = bytearray(count)
-        incoming.Recv([self._in[peer], count, MPI.BYTE])
-        return (*_PREFIX.unpack_from(self._in[peer]), self._in[peer])
+        if len(self._scratch) < count:
+            self._scratch = bytearray(count)
+        incoming.Recv([self._scratch, count, MPI.BYTE])
+        return _Packet(self._status.Get_source(), *_PREFIX.unpack_from(self._scratch), self._scratch)
 
     def _check_others(self, message, waiting, waited):
         """Raise when waiting on cannot end well: a peer left, the engine broke, or the stall
@@ -233,18 +228,16 @@ class ProgramOrder:
             waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
-    def _combine(self, message, plan, mine, received, output):
+    def _combine(self, message, plan, received, output):
         """The contributions combined in rank order (the same rounding on every rank), scaled;
         into `output`, or a new array. A joined rank adds the identity: nothing."""
-        parts = {self.me: mine}
-        for packet in received:
-            if not packet.flags & _JOINED:
-                parts[packet.peer] = plan.data(packet.peer, packet.buffer)
-        parts = [parts[rank] for rank in sorted(parts)]
+        joined = {packet.peer for packet in received if packet.flags & _JOINED}
+        parts = [plan.mine if rank == self.me else plan.theirs[rank] for rank in range(self.size)
+                 if rank not in joined]
         if len(parts) == 1:
-            result = mine.copy() if output is None else output
+            result = plan.mine.copy() if output is None else output
             if output is not None:
-                np.copyto(output, mine)
+                np.copyto(output, plan.mine)
         else:
             combine = ops.ufunc(message.op)
             result = combine(parts[0], parts[1], out=output)
@@ -273,10 +266,9 @@ class ProgramOrder:
                 wait_until(arrived)
                 if not found:
                     return
-                peer = self._status.Get_source()
-                packet = _Packet(peer, *self._take(found[0], peer))
+                packet = self._take(found[0])
                 self.calls = packet.calls + 1
-                self.comm.Send(answer, peer, _TAG)
+                self.comm.Send(answer, packet.peer, _TAG)
 
     def stranded(self):
         """While this rank shuts down (on the engine's thread): what a peer's plain call waits for
@@ -284,18 +276,24 @@ class ProgramOrder:
         incoming = self.comm.Improbe(MPI.ANY_SOURCE, _TAG, self._status)
         if incoming is None:
             return None
-        peer = self._status.Get_source()
-        packet = _Packet(peer, *self._take(incoming, peer))
+        packet = self._take(incoming)
         if packet.flags & _JOINED:
             return None
         message = pickle.loads(packet.buffer[_PREFIX.size:_PREFIX.size + packet.length])
-        return (f"rank {self.ranks[self.me]} shut down while rank {self.ranks[peer]} waited in plain {message.kind} "
+        return (f"rank {self.ranks[self.me]} shut down while rank {self.ranks[packet.peer]} waited in plain "
+                f"{message.kind} "
                 f"{message.name!r}{self.where}; every rank must make the same collective calls")
 
     def _text(self, peers):
         return ranks_text(sorted(self.ranks[p] for p in peers))
 
+    def _free_plans(self):
+        for plan in self._plans.values():
+            plan.free()
+        self._plans.clear()
+
     def close(self):
+        self._free_plans()
         self.comm.Free()
 
 
@@ -312,29 +310,48 @@ class _Packet(typing.NamedTuple):
 
 class _Plan:
     """What a call needs each time it comes again: its Message pickled, whether its data comes
-    along (decided from what the ranks compare, so that where they agree they decide alike), the
-    packet's length, and views of the data in the buffers it arrives in."""
+    along (decided from what the ranks compare, so that where they agree they decide alike), its
+    packet in a buffer of its own, a buffer per peer (with room for a longer description than this
+    rank's, which is a mismatch to report), persistent requests that send and receive them, and
+    views of the data in them."""
 
-    def __init__(self, message, peers):
+    def __init__(self, message, comm, peers):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.data_at = _aligned(_PREFIX.size + len(self.header))
+        data_at = _aligned(_PREFIX.size + len(self.header))
         self.carries = (message.kind == "allreduce" and message.problem is None and message.device == "cpu"
                         and message.compression == "none"
-                        and np.dtype(message.dtype).itemsize * message.count * max(peers, 1) <= DATA_BYTES)
-        self.dtype = np.dtype(message.dtype) if self.carries else None
-        self.shape = message.shape
-        self.length = self.data_at + (self.dtype.itemsize * message.count if self.carries else 0)
-        self._views = {}  # rank -> (buffer, the data's view in it)
+                        and np.dtype(message.dtype).itemsize * message.count * max(len(peers), 1) <= DATA_BYTES)
+        nbytes = np.dtype(message.dtype).itemsize * message.count if self.carries else 0
+        self.out = bytearray(data_at + nbytes)
+        self.out[_PREFIX.size:_PREFIX.size + len(self.header)] = self.header
+        # Room for any call's packet that carries data, and a description up to _ROOM bytes longer.
+        room = data_at + _ROOM + DATA_BYTES // max(len(peers), 1)
+        self.ins = {peer: bytearray(room) for peer in peers}
+        self.receives = [comm.Recv_init(self.ins[peer], peer, _TAG) for peer in peers]
+        self.requests = self.receives + [comm.Send_init(self.out, peer, _TAG) for peer in peers]
+        self.mine = self.theirs = None
+        if self.carries:
+            def view(buffer):
+                return np.frombuffer(buffer, message.dtype, message.count, data_at).reshape(message.shape)
+            self.mine = view(self.out)
+            self.theirs = {peer: view(buffer) for peer, buffer in self.ins.items()}
 
-    def data(self, rank, buffer):
-        """The data of `rank`'s packet in `buffer` (a bytearray), as an array."""
-        if not self.carries:
-            return None
-        known = self._views.get(rank)
-        if known is None or known[0] is not buffer:
-            view = np.frombuffer(buffer, self.dtype, math.prod(self.shape), self.data_at).reshape(self.shape)
-            known = self._views[rank] = (buffer, view)
-        return known[1]
+    def free(self):
+        for request in self.requests:
+            request.Free()
+
+
+def _done(requests, message, where):
+    """Are these requests done? A packet longer than its buffer can only be another call's: once
+    every request is done (so that the ranks stay in step), that is a MismatchError."""
+    try:
+        return MPI.Request.Testall(requests)
+    except MPI.Exception as error:
+        for request in requests:
+            with contextlib.suppress(MPI.Exception):
+                wait_until(request.Test)
+        raise MismatchError(f"{message.kind} {message.name!r}{where} does not match across ranks: another rank's "
+                            f"call is larger than this one's beyond the room for it ({error})") from None
 
 
 def _aligned(offset):

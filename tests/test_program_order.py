@@ -102,3 +102,13 @@ def test_a_stalled_plain_call_warns_then_fails_and_the_rank_stays_out_of_step(tm
     # Its next one waits for rank 0, which has given up and left by then.
     assert reports[1]["next"] == ("PeerExitedError: rank 0 shut down while rank 1 waited in plain allreduce 'next'; "
                                   "every rank must make the same plain calls in the same order")
+
+
+def test_a_description_longer_than_the_room_for_it_is_a_mismatch_and_the_job_goes_on(tmp_path):
+    _, reports, _ = run(3, "long", tmp_path, arrays=False)
+    for rank in (0, 2):
+        assert reports[rank]["error"].startswith("MismatchError: allreduce 'x' does not match across ranks: another "
+                                                 "rank's call is larger than this one's beyond the room for it")
+    assert reports[1]["error"].startswith("MismatchError: plain calls pair up in program order, and here their names "
+                                          "differ")
+    assert all(report["after"] == [3.0, 3.0] for report in reports)

@@ -28,6 +28,8 @@ def run(case):
         rr.allreduce(np.zeros(3), prescale_factor=2.0 if odd else 1.0)
     elif case == "compression":
         rr.allreduce(np.zeros(3), compression=rr.Compression.fp16 if odd else rr.Compression.none)
+    elif case == "length":  # a packet far longer than the others expect
+        rr.allreduce(np.zeros(2000 if odd else 3, dtype=np.float32), name="grad")
     elif case == "name":
         rr.allreduce(np.zeros(3), name="odd" if odd else "even")
     elif case == "duplicate":

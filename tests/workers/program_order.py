@@ -10,6 +10,7 @@ join: rank r makes 2 + r steps of a small and a large plain allreduce, then join
 elsewhere: rank 0 waits in a plain allreduce while rank 1 waits in an async allgather that rank 0
   never submits; rank 1 gets the DeadlockError, then makes the plain call, which rank 0 then ends.
 left: rank 1 shuts down while rank 0 waits in a plain allreduce.
+long: rank 1's call has a description longer than the others have room for.
 stall: rank 1 comes 3 s late to a plain allreduce (RINGREDUCE_STALL_SHUTDOWN_TIME=1): rank 0 gives
   up, and its plain calls fail from then on; rank 1's late call pairs with rank 0's and its next one
   finds rank 0 gone.
@@ -106,6 +107,13 @@ elif mode == "stall":
             report[call] = rr.allreduce(np.full(2, rank + 1.0), op=rr.Sum, name=call).tolist()
         except rr.RingReduceError as error:
             report[call] = error_text(error)
+
+elif mode == "long":
+    try:
+        rr.allreduce(np.ones(2), name="x" * (50_000 if rank == 1 else 1))
+    except rr.MismatchError as error:
+        report["error"] = error_text(error)
+    report["after"] = rr.allreduce(np.ones(2), op=rr.Sum).tolist()
 
 else:
     raise SystemExit(f"unknown mode {mode}")
