@@ -6,9 +6,10 @@ In the same run: one MPI Allreduce of the gradients concatenated into one buffer
 before ringreduce starts, because an engine thread polling MPI slows down the MPI library's
 own calls on the main thread), then, interleaved step after step in a rotating order, each
 timed step after an untimed one of the same variant: the engine with fusion (async, submitted
-in backward order), one synchronous allreduce per tensor, and the engine with fp16
-compression. Prints a table (rank 0) and writes benchmarks/results/fusion.json. Every variant
-is checked against the expected sum before it is timed.
+in backward order), one synchronous allreduce per tensor, and the engine with fp16 and with
+bf16 compression, and the casts alone against a copy. Prints a table (rank 0) and writes
+benchmarks/results/fusion.json. Every variant is checked against the expected sum before it is
+timed.
 """
 
 import argparse
@@ -18,6 +19,7 @@ import platform
 import statistics
 import time
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 from resnet50 import gradient_shapes
@@ -66,6 +68,7 @@ def main():
         "ringreduce fused, gradients are views of one buffer": lambda: fused(tensors=views),
         "ringreduce one synchronous allreduce per tensor": one_at_a_time,
         "ringreduce fused, fp16 compression": lambda: fused(rr.Compression.fp16),
+        "ringreduce fused, bf16 compression": lambda: fused(rr.Compression.bf16),
     }
     for name, run in variants.items():  # check, and warm up
         for result in run():
@@ -105,16 +108,19 @@ def timed(run, expected, steps, barrier):
 
 
 def cast_throughput(flat):
-    """numpy's float32 -> float16 -> float32 round trip on these gradients: the price of fp16."""
-    half = np.empty(flat.size, dtype=np.float16)
-    back = np.empty_like(flat)
-    start = time.perf_counter()
-    np.copyto(half, flat, casting="unsafe")
-    middle = time.perf_counter()
-    np.copyto(back, half)
-    end = time.perf_counter()
-    return {"float32_to_float16_per_second": flat.size / (middle - start),
-            "float16_to_float32_per_second": flat.size / (end - middle)}
+    """Values per second of each wire dtype's casts on these gradients (numpy's float16,
+    ml_dtypes' bfloat16), and of a plain float32 copy: the price of compression."""
+    rates = {}
+    for name, dtype in (("float32", np.float32), ("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)):
+        wire, back = np.zeros(flat.size, dtype=dtype), np.zeros_like(flat)  # touched: no page faults timed
+        start = time.perf_counter()
+        np.copyto(wire, flat, casting="unsafe")
+        middle = time.perf_counter()
+        np.copyto(back, wire, casting="unsafe")
+        end = time.perf_counter()
+        rates[f"float32_to_{name}_per_second"] = flat.size / (middle - start)
+        rates[f"{name}_to_float32_per_second"] = flat.size / (end - middle)
+    return rates
 
 
 def report(times, collectives, casts, size, tensors, parameters, steps, baseline_name):
@@ -125,8 +131,9 @@ def report(times, collectives, casts, size, tensors, parameters, steps, baseline
     print(f"{'variant':52s} {'ms/step':>9s} {'vs MPI':>7s} {'collectives':>11s}")
     for name, median in medians.items():
         print(f"{name:52s} {median * 1e3:9.1f} {median / baseline:6.2f}x {collectives[name]:11d}")
-    print(f"numpy casts: float32->float16 {casts['float32_to_float16_per_second'] / 1e6:.0f} M/s, "
-          f"float16->float32 {casts['float16_to_float32_per_second'] / 1e6:.0f} M/s")
+    print("casts (M values/s, there and back): " + ", ".join(
+        f"{name} {casts[f'float32_to_{name}_per_second'] / 1e6:.0f} and "
+        f"{casts[f'{name}_to_float32_per_second'] / 1e6:.0f}" for name in ("float32", "float16", "bfloat16")))
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "fusion.json"), "w") as f:
         json.dump({"ranks": size, "tensors": tensors, "parameters": parameters, "steps": steps,

@@ -17,6 +17,7 @@ from ringreduce import compression as compressions
 from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.requests import Handle, Request
+from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine import backends, gpu
 from ringreduce.ops import Average
 from ringreduce.process_sets import global_process_set
@@ -322,6 +323,8 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     ops.check_op(op, array.dtype, prescale, postscale)
     fields = _about(array, op=op, prescale=prescale, postscale=postscale,
                     compression=compressions.check(compression))
+    if fields["compression"] == "bf16" and fields["device"] == "cuda":
+        raise UnsupportedDtypeError("Compression.bf16 is for host arrays: CuPy has no bfloat16 (use fp16 on the GPU)")
     # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
     return fields, dict(input=array, output=array if in_place else None)
 

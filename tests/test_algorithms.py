@@ -331,4 +331,4 @@ def test_every_family_offers_its_contract_with_its_parameters(family, protocol):
         if (family, name) != (SharedMemory, "alltoallv"):  # the contract's one exception
             assert list(inspect.signature(getattr(family, name)).parameters) == parameters, (family, name)
     if protocol is HostFamily:
-        assert isinstance(family.reads_concatenation, bool)
+        assert isinstance(family.reads_concatenation, bool) and isinstance(family.reduces_any_dtype, bool)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -86,25 +87,35 @@ def test_a_repeated_loop_runs_from_the_cache_named_or_unnamed(capacity):
         assert steady["state_gathers"] >= 50  # every call is announced in full
 
 
-def test_fp16_compression(tmp_path):
-    job = run_job(2, "engine.py", "fp16", tmp_path)
+@pytest.mark.parametrize("compression, algorithm", [("fp16", "auto"), ("bf16", "auto"), ("bf16", "mpi")])
+def test_compression_on_the_wire(tmp_path, compression, algorithm):
+    """fp16 and bf16: the values that travel, the bytes that travel, the range of each. bf16 is
+    reduced by ringreduce's own algorithms even where MPI's would run (MPI has no bfloat16)."""
+    job = run_job(2, "engine.py", "compressed", tmp_path, compression,
+                  env={"RINGREDUCE_ALGORITHM": algorithm})
     assert job.returncode == 0, job.stderr[-3000:]
+    wire_dtype = np.dtype(np.float16) if compression == "fp16" else ml_dtypes.bfloat16
     for rank in range(2):
         got = np.load(tmp_path / f"rank{rank}.npz")
-        for dtype in ("float32", "float64"):
-            inputs = [cases.normal(r, dtype, 1000) for r in range(2)]
-            assert got[dtype].dtype == np.dtype(dtype)
-            # Each input and the sum are rounded to float16 once: within a few float16 steps.
-            reference = np.sum(inputs, axis=0)
-            np.testing.assert_allclose(got[dtype], reference, rtol=2e-3, atol=4e-3)
-            assert not np.array_equal(got[dtype], reference)  # it really went through float16
+        for key, dtype, length in (("float32", "float32", 1000), ("float64", "float64", 1000),
+                                   ("large", "float32", 50_000)):
+            inputs = [cases.normal(r, dtype, length).astype(wire_dtype) for r in range(2)]
+            assert got[key].dtype == np.dtype(dtype)
+            # At 2 ranks: each input rounded to the wire dtype, one addition there, and back.
+            np.testing.assert_array_equal(got[key], (inputs[0] + inputs[1]).astype(dtype), err_msg=key)
         exact = np.sum([cases.values(r, "int32", 1000) for r in range(2)], axis=0, dtype=np.int32)
         np.testing.assert_array_equal(got["int32"], exact)
-        assert np.isinf(got["overflow"]).all()  # 70000 is beyond float16: documented to become inf
-        np.testing.assert_allclose(got["prescaled"], 140000.0, rtol=1e-3)  # pre-scaling keeps it in range
+        if compression == "fp16":
+            assert np.isinf(got["overflow"]).all()  # 70000 is beyond float16: documented to become inf
+        else:
+            np.testing.assert_allclose(got["overflow"], 140000.0, rtol=2 ** -8)  # bfloat16 has float32's range
+        np.testing.assert_allclose(got["prescaled"], 140000.0, rtol=2 ** -8)
         grouped = np.concatenate([(cases.normal(0, "float32", n) + cases.normal(1, "float32", n)) / 2
                                   for n in (7, 11)])
-        np.testing.assert_allclose(got["grouped"], grouped, rtol=2e-3, atol=4e-3)
+        np.testing.assert_allclose(got["grouped"], grouped, rtol=2 ** -7, atol=2 ** -7)
+        (report,) = reports(job, rank)
+        # Two bytes per float on the wire, four per int32 (not compressed).
+        assert report["wire"] == {"float32": 2000, "float64": 2000, "large": 100_000, "int32": 4000, "overflow": 8}
 
 
 def test_join_with_uneven_batches_per_rank(tmp_path):

@@ -44,6 +44,7 @@ def reference():
     ("fit", "none", 1e-5),
     ("fit2", "none", 1e-5),  # backward_passes_per_step=2
     ("tape", "fp16", 2e-3),
+    ("tape", "bf16", 2e-2),
 ])
 def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, reference, mode, compression, tolerance):
     job = run_job(2, "tf_train.py", mode, compression, tmp_path, timeout=150)
@@ -53,7 +54,7 @@ def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, refere
         weights = [got[f"arr_{i}"] for i in range(len(reference))]
         for value, expected in zip(weights, reference, strict=True):
             np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance)
-        if compression == "fp16":  # the gradients really went through float16
+        if compression != "none":  # the gradients really went through float16 or bfloat16
             assert any(not np.array_equal(v, e) for v, e in zip(weights, reference, strict=True))
 
 

@@ -31,6 +31,7 @@ def load(tmp_path, rank):
     ("adamw", 1, "none", 1e-5),
     ("sgd", 2, "none", 1e-5),
     ("sgd", 1, "fp16", 1e-3),
+    ("sgd", 1, "bf16", 1e-2),
 ])
 def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, kind, passes, compression, tolerance):
     job = run_job(2, "torch_train.py", kind, passes, compression, tmp_path, timeout=120)
@@ -41,7 +42,7 @@ def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, kind, 
         got = load(tmp_path, rank)
         for name, value in reference.items():
             torch.testing.assert_close(got[name], value, rtol=tolerance, atol=tolerance)
-        if compression == "fp16":  # the gradients really went through float16
+        if compression != "none":  # the gradients really went through float16 or bfloat16
             assert any(not torch.equal(got[n], v) for n, v in reference.items())
 
 

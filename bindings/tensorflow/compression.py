@@ -1,6 +1,6 @@
 """Compression of TensorFlow tensors for the wire, with Horovod's protocol (ringreduce.compression):
-a compressor of the user's own runs around the collective; the built-in fp16 casts inside the
-engine instead."""
+a compressor of the user's own runs around the collective; the built-in fp16 and bf16 cast inside
+the engine instead."""
 
 import tensorflow as tf
 from ringreduce import compression as wire
@@ -19,11 +19,24 @@ class FP16Compressor(wire.FP16Compressor):
         return tf.cast(tensor, ctx)
 
 
+class BF16Compressor(wire.BF16Compressor):
+    """Floating tensors travel as bfloat16 and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        return (tf.cast(tensor, tf.bfloat16) if tensor.dtype.is_floating else tensor), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tf.cast(tensor, ctx)
+
+
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor
 
 
 def in_engine(compression):
     """The engine's own compression for the built-ins; None for a compressor of the user's own."""
-    return wire.in_engine(compression, FP16Compressor)
+    return wire.in_engine(compression, FP16Compressor, BF16Compressor)

@@ -25,22 +25,28 @@ class AlgorithmSelector:
     """The host families' calls (contract.HostFamily), each handed to the family for that
     collective and size: MPI's own below `small_bytes`, else the family `plan` named for it."""
 
-    def __init__(self, families, small, small_bytes=0, segment=None):
+    def __init__(self, families, small, small_bytes=0, segment=None, any_dtype=None):
+        """`any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
+        picked cannot."""
         self.families, self.small, self.small_bytes = families, small, small_bytes
-        self.segment = segment
+        self.segment, self.any_dtype = segment, any_dtype
 
     def _pick(self, collective, nbytes):
         return self.small if nbytes < self.small_bytes else self.families[collective]
 
+    def _reducer(self, collective, buf):
+        family = self._pick(collective, buf.nbytes)
+        return family if family.reduces_any_dtype or buf.dtype.kind != "V" else self.any_dtype
+
     def allreduce(self, buf, op, source=None, scale_result=None):
-        self._pick("allreduce", buf.nbytes).allreduce(buf, op, source, scale_result)
+        self._reducer("allreduce", buf).allreduce(buf, op, source, scale_result)
 
     def reads_concatenation_at(self, nbytes):
         """Does the family that runs an allreduce of `nbytes` read a fused group where it lies?"""
         return self._pick("allreduce", nbytes).reads_concatenation
 
     def reducescatter(self, buf, offsets, op, source=None):
-        return self._pick("reducescatter", buf.nbytes).reducescatter(buf, offsets, op, source)
+        return self._reducer("reducescatter", buf).reducescatter(buf, offsets, op, source)
 
     def allgather(self, buf, offsets):
         self._pick("allgather", buf.nbytes).allgather(buf, offsets)
@@ -98,7 +104,7 @@ def select(config, topology, comm, host_comm, cross_comm):
         cross = RingFamily(MPITransport(cross_comm), config.pipeline_chunk_bytes)
         families["hierarchical"] = SharedMemory(segment, cross.allreduce)
     return AlgorithmSelector({c: families[chosen[c]] for c in COLLECTIVES}, families["mpi"], chosen["small_bytes"],
-                             segment)
+                             segment, families["ring"])
 
 
 def device_family(transport, host, comm, config):

@@ -20,6 +20,8 @@ class HostFamily(typing.Protocol):
     # Does allreduce take its `source` and `buf` as layout.Concatenations (a fused group's arrays
     # read and written where they lie) rather than as arrays? A family declares it.
     reads_concatenation: bool
+    # Can it reduce any dtype numpy can add (ml_dtypes' bfloat16 too), not only MPI's datatypes?
+    reduces_any_dtype: bool
 
     def allreduce(self, buf, op, source=None, scale_result=None):
         """Reduce every rank's `buf` in place, or every rank's `source` (this rank's contribution,

@@ -34,6 +34,7 @@ def _typed(buf):
 
 class MPIAlgorithms:
     reads_concatenation = False
+    reduces_any_dtype = False
 
     def __init__(self, transport, persistent_below=0):
         """Allreduces of fewer than `persistent_below` bytes of host memory run as persistent ones:

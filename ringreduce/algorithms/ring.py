@@ -64,6 +64,7 @@ class RingFamily:
     tree, alltoall by pairwise exchange, over a point-to-point transport."""
 
     reads_concatenation = False
+    reduces_any_dtype = True
 
     def __init__(self, transport, chunk_bytes):
         self.transport = transport

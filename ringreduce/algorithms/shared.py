@@ -24,6 +24,7 @@ class SharedMemory:
 
     # Its allreduce reads and writes a fused group's arrays where they lie (layout.Concatenation).
     reads_concatenation = True
+    reduces_any_dtype = True
 
     def __init__(self, segment, cross_allreduce=None):
         self.segment = segment

@@ -10,6 +10,7 @@ it polls, yielding the core, for low latency, then sleeps with a growing backoff
 import os
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 YIELD_SECONDS = 200e-6
@@ -65,6 +66,12 @@ class PersistentAllreduce:
             self._request = None
 
 
+def _bytes(buf):
+    """What mpi4py takes: numpy exports no buffer for a dtype of its extensions (ml_dtypes'
+    bfloat16, which the wire uses for Compression.bf16); their bytes are the same."""
+    return buf.view(np.uint8) if buf.dtype.kind == "V" else buf
+
+
 class MPITransport:
     """Point-to-point transfers between the ranks of one communicator: all an algorithm needs."""
 
@@ -74,10 +81,10 @@ class MPITransport:
         self.size = comm.size
 
     def isend(self, buf, dest):
-        return self.comm.Isend([buf, MPI.BYTE], dest)
+        return self.comm.Isend([_bytes(buf), MPI.BYTE], dest)
 
     def irecv(self, buf, source):
-        return self.comm.Irecv([buf, MPI.BYTE], source)
+        return self.comm.Irecv([_bytes(buf), MPI.BYTE], source)
 
     def wait(self, requests):
         wait_all(requests)

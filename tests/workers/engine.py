@@ -96,23 +96,30 @@ elif mode == "cache":
     report(stats=stats, steady=steady, unnamed_plain=unnamed_plain, unnamed_async=unnamed_async,
            small_plain=delta(before))
 
-elif mode == "fp16":
+elif mode == "compressed":  # engine.py compressed OUT fp16|bf16
+    compression = getattr(rr.Compression, sys.argv[3])
     big = 70000.0  # beyond float16's largest value, 65504
     arrays = {
         "float32": cases.normal(rank, "float32", 1000),
         "float64": cases.normal(rank, "float64", 1000),
+        "large": cases.normal(rank, "float32", 50_000),  # beyond MPI's own small allreduces
         "int32": cases.values(rank, "int32", 1000),
         "overflow": np.full(4, big, np.float32),
         "prescaled": np.full(4, big, np.float32),
     }
-    results = {key: rr.allreduce(value, op=rr.Sum, compression=rr.Compression.fp16, name=key)
-               for key, value in arrays.items() if key != "prescaled"}
-    results["prescaled"] = rr.allreduce(arrays["prescaled"], op=rr.Sum, compression=rr.Compression.fp16,
+    results, wire = {}, {}
+    for key, value in arrays.items():
+        if key != "prescaled":
+            before = rr.engine_stats()["bytes"]
+            results[key] = rr.allreduce(value, op=rr.Sum, compression=compression, name=key)
+            wire[key] = rr.engine_stats()["bytes"] - before
+    results["prescaled"] = rr.allreduce(arrays["prescaled"], op=rr.Sum, compression=compression,
                                         prescale_factor=1.0 / 1024, postscale_factor=1024.0, name="prescaled")
     results["grouped"] = np.concatenate(rr.grouped_allreduce(
         [cases.normal(rank, "float32", 7), cases.normal(rank, "float32", 11)], op=rr.Average,
-        compression=rr.Compression.fp16))
+        compression=compression))
     np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
+    report(wire=wire)
 
 elif mode == "join":
     # Uneven data: rank r has 3 + r batches, then joins.
