@@ -24,6 +24,7 @@ class Compressor:
     compresses nothing."""
 
     name = "none"  # what the engine applies itself, for the built-ins
+    wire = None  # the dtype floating arrays travel as, for the built-in casts
 
     @staticmethod
     def compress(tensor):
@@ -33,9 +34,27 @@ class Compressor:
     def decompress(tensor, ctx):
         return tensor
 
-    @staticmethod
-    def wire_dtype(dtype):
-        return np.dtype(dtype)
+    @classmethod
+    def wire_dtype(cls, dtype):
+        dtype = np.dtype(dtype)
+        return cls.wire if cls.wire is not None and dtype.kind == "f" else dtype
+
+
+def casting(to, convert, is_floating):
+    """compress and decompress (as static methods) of a compressor whose floating tensors travel as
+    `to`: `convert(tensor, dtype)` casts, `is_floating(tensor)` tells which to cast. Each call
+    makes functions of their own, by which in_engine tells the built-ins apart."""
+    def compress(tensor):
+        return (convert(tensor, to) if is_floating(tensor) else tensor), tensor.dtype
+
+    def decompress(tensor, ctx):
+        return convert(tensor, ctx)
+
+    return staticmethod(compress), staticmethod(decompress)
+
+
+def _numpy_casting(to):
+    return casting(to, lambda array, dtype: array.astype(dtype, copy=False), lambda array: array.dtype.kind == "f")
 
 
 class NoneCompressor(Compressor):
@@ -45,39 +64,15 @@ class NoneCompressor(Compressor):
 class FP16Compressor(Compressor):
     """Floating arrays travel as float16; other dtypes as themselves."""
 
-    name = "fp16"
-
-    @staticmethod
-    def compress(tensor):
-        return (tensor.astype(np.float16) if tensor.dtype.kind == "f" else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.astype(ctx, copy=False)
-
-    @staticmethod
-    def wire_dtype(dtype):
-        dtype = np.dtype(dtype)
-        return np.dtype(np.float16) if dtype.kind == "f" else dtype
+    name, wire = "fp16", np.dtype(np.float16)
+    compress, decompress = _numpy_casting(wire)
 
 
 class BF16Compressor(Compressor):
     """Floating arrays travel as bfloat16; other dtypes as themselves."""
 
-    name = "bf16"
-
-    @staticmethod
-    def compress(tensor):
-        return (tensor.astype(BFLOAT16) if tensor.dtype.kind == "f" else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.astype(ctx, copy=False)
-
-    @staticmethod
-    def wire_dtype(dtype):
-        dtype = np.dtype(dtype)
-        return BFLOAT16 if dtype.kind == "f" else dtype
+    name, wire = "bf16", BFLOAT16
+    compress, decompress = _numpy_casting(wire)
 
 
 class Compression:

@@ -7,28 +7,20 @@ from ringreduce import compression as wire
 from ringreduce.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
+def _casting(to):
+    return wire.casting(to, tf.cast, lambda tensor: tensor.dtype.is_floating)
+
+
 class FP16Compressor(wire.FP16Compressor):
     """Floating tensors travel as float16 and come back in their own dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        return (tf.cast(tensor, tf.float16) if tensor.dtype.is_floating else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tf.cast(tensor, ctx)
+    compress, decompress = _casting(tf.float16)
 
 
 class BF16Compressor(wire.BF16Compressor):
     """Floating tensors travel as bfloat16 and come back in their own dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        return (tf.cast(tensor, tf.bfloat16) if tensor.dtype.is_floating else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tf.cast(tensor, ctx)
+    compress, decompress = _casting(tf.bfloat16)
 
 
 class Compression:

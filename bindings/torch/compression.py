@@ -7,28 +7,20 @@ from ringreduce import compression as wire
 from ringreduce.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
+def _casting(to):
+    return wire.casting(to, lambda tensor, dtype: tensor.to(dtype), lambda tensor: tensor.dtype.is_floating_point)
+
+
 class FP16Compressor(wire.FP16Compressor):
     """Floating tensors travel as float16 and come back in their own dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        return (tensor.to(torch.float16) if tensor.dtype.is_floating_point else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.to(ctx)
+    compress, decompress = _casting(torch.float16)
 
 
 class BF16Compressor(wire.BF16Compressor):
     """Floating tensors travel as bfloat16 and come back in their own dtype."""
 
-    @staticmethod
-    def compress(tensor):
-        return (tensor.to(torch.bfloat16) if tensor.dtype.is_floating_point else tensor), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.to(ctx)
+    compress, decompress = _casting(torch.bfloat16)
 
 
 class Compression:
