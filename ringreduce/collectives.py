@@ -203,7 +203,12 @@ def _grouped(submit, tensors, name, process_set):
     """submit(array, name) for each array, named `{name}.{i}` (the naming rule of every grouped
     call), together, so that they fuse."""
     base = name or _unnamed(runtime.active().domain(process_set))
-    return GroupHandle([submit(t, f"{base}.{i}") for i, t in enumerate(tensors)])
+    return GroupHandle([submit(t, n) for t, n in zip(tensors, grouped_names(base, len(tensors)), strict=True)])
+
+
+def grouped_names(base, count):
+    """The names of a grouped call's members (None without a base name)."""
+    return [None if base is None else f"{base}.{i}" for i in range(count)]
 
 
 class GroupHandle:

@@ -75,12 +75,46 @@ class BF16Compressor(Compressor):
     compress, decompress = _numpy_casting(wire)
 
 
+class ErrorFeedback(Compressor):
+    """A lossy compressor with error feedback: what the wire lost of a tensor's contribution
+    (the tensor, corrected, less what its compressed form decompresses to) is kept and added to
+    that tensor's next one, so that over the steps nothing is lost, only delayed. Works on any
+    tensor type with + and - (numpy, CuPy, torch, TensorFlow).
+
+    Its state is per tensor and differs per rank: `compress` takes the tensor's `name` (the
+    optimizers pass it to compressors whose `per_tensor_state` is true); `state_dict()` and
+    `load_state_dict()` give and take the residuals."""
+
+    per_tensor_state = True
+
+    def __init__(self, compressor):
+        self.compressor = compressor
+        self.residuals = {}  # name -> what the wire lost of that tensor's last contribution
+
+    def compress(self, tensor, name):
+        residual = self.residuals.get(name)
+        corrected = tensor if residual is None else tensor + residual
+        compressed, ctx = self.compressor.compress(corrected)
+        self.residuals[name] = corrected - self.compressor.decompress(compressed, ctx)
+        return compressed, ctx
+
+    def decompress(self, tensor, ctx):
+        return self.compressor.decompress(tensor, ctx)
+
+    def state_dict(self):
+        return {"residuals": dict(self.residuals)}
+
+    def load_state_dict(self, state):
+        self.residuals = dict(state["residuals"])
+
+
 class Compression:
-    """The compressors, under the names Horovod uses (bf16 is ringreduce's)."""
+    """The compressors, under the names Horovod uses (bf16 and error_feedback are ringreduce's)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    error_feedback = ErrorFeedback
 
 
 _ALL = (Compression.none, Compression.fp16, Compression.bf16)
@@ -92,6 +126,23 @@ def wire_dtype(compression, dtype):
     """The dtype that arrays of `dtype` travel as under the compression named `compression`
     (asked for every request, so worked out once per pair)."""
     return _BY_NAME[compression].wire_dtype(dtype)
+
+
+def compress(compressor, tensor, name):
+    """compressor.compress(tensor), given the tensor's name where the compressor keeps state per
+    tensor (its `per_tensor_state`: ErrorFeedback, or a compressor of your own)."""
+    if getattr(compressor, "per_tensor_state", False):
+        return compressor.compress(tensor, name)
+    return compressor.compress(tensor)
+
+
+def compress_all(compressor, tensors, names):
+    """[(compressed, ctx)] of each tensor; `names` (None for a call without one) go to a compressor
+    with per-tensor state, which cannot do without them."""
+    if getattr(compressor, "per_tensor_state", False) and None in names:
+        raise ValueError(f"{type(compressor).__name__} keeps state per tensor: give the call a name, the same at "
+                         "every step")
+    return [compress(compressor, tensor, name) for tensor, name in zip(tensors, names, strict=True)]
 
 
 def in_engine(compressor, fp16, bf16):

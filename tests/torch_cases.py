@@ -1,6 +1,7 @@
 """The model and data of the PyTorch tests: the workers train with them on their shard, the
 tests train the single-process reference with the whole batch."""
 
+import numpy as np
 import torch
 
 import cases
@@ -63,3 +64,9 @@ def linear():
 def batch_norm_input(rank):
     """A rank's batch of 5 rows of 3 channels for the SyncBatchNorm tests."""
     return torch.randn(5, 3, generator=torch.Generator().manual_seed(10 + rank)) * (rank + 1)
+
+
+def feedback_gradient(rank, step):
+    """A gradient that float16 cannot hold exactly (thirds, of several magnitudes), per rank and step."""
+    rng = np.random.default_rng([rank, step])
+    return (rng.integers(1, 1000, 64) / 3 * 10.0 ** rng.integers(-3, 1, 64)).astype(np.float32)

@@ -25,6 +25,7 @@ import ringreduce as core
 import tensorflow as tf
 from ringreduce import compression as wire
 from ringreduce import ops, process_sets
+from ringreduce.collectives import grouped_names
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
 
@@ -75,7 +76,8 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
             return _combined(upstream, op, Compression.none, prescale_factor, postscale_factor, None, process_set,
                              grouped)
 
-        reduced = _differentiable(lambda ts: _compressed(compression, ts, lambda ts, engine: _run(
+        names = grouped_names(name, len(values)) if grouped else [name]
+        reduced = _differentiable(lambda ts: _compressed(compression, ts, names, lambda ts, engine: _run(
             "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts))),
             backward, values)
         for index, result in zip(dense, reduced, strict=True):
@@ -194,7 +196,7 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
     def forward(ts):
         if in_engine(compression) is wire.Compression.none:
             return _run("reducescatter", name, ts, collective, _rows_unknown(ts))
-        packed = [compression.compress(t) for t in ts]  # the engine's reducescatter has no cast of its own
+        packed = wire.compress_all(compression, ts, grouped_names(name, len(ts)))  # the engine's has no cast
         reduced = _run("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(ts))
         return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
 
@@ -242,13 +244,14 @@ def _check_differentiable(op, what):
                                   "defined; only Sum and Average are differentiable")
 
 
-def _compressed(compression, values, run):
+def _compressed(compression, values, names, run):
     """run(tensors, engine compression): the built-ins are the engine's own; a compressor of the
-    user's own compresses before the collective and decompresses after."""
+    user's own compresses before the collective and decompresses after (given each tensor's name
+    where it keeps state per tensor)."""
     engine = in_engine(compression)
     if engine is not None:
         return run(values, engine)
-    packed = [compression.compress(t) for t in values]
+    packed = wire.compress_all(compression, values, names)
     results = run([t for t, _ in packed], wire.Compression.none)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 

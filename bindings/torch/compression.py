@@ -27,6 +27,7 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    error_feedback = wire.ErrorFeedback  # around any of these (on this framework's tensors) or your own
 
 
 def in_engine(compression):

@@ -12,7 +12,9 @@ backward through the same collectives in the same order.
 
 import ringreduce as core
 import torch
+from ringreduce import compression as wire
 from ringreduce import ops
+from ringreduce.collectives import grouped_names
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
@@ -24,7 +26,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               postscale_factor=1.0, process_set=global_process_set):
     """Combine `tensor` over every rank of `process_set` (Average by default); a new tensor."""
     op = ops.from_average(op, average)
-    return _compressed(compression, [tensor], lambda engine, t: [
+    return _compressed(compression, [tensor], [name], lambda engine, t: [
         _Allreduce.apply(t[0], op, name, prescale_factor, postscale_factor, engine, process_set)])[0]
 
 
@@ -32,7 +34,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """allreduce of several tensors submitted together, so that they fuse; a list of new tensors."""
     op = ops.from_average(op, average)
-    return _compressed(compression, tensors, lambda engine, ts: list(
+    return _compressed(compression, tensors, grouped_names(name, len(tensors)), lambda engine, ts: list(
         _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, engine, process_set, *ts)))
 
 
@@ -66,17 +68,18 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=core.Avera
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=core.Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    return _compressed(compression, tensors, lambda engine, ts: list(
+    return _compressed(compression, tensors, grouped_names(name, len(tensors)), lambda engine, ts: list(
         _Reducescatter.apply(op, name, prescale_factor, postscale_factor, process_set, *ts)), engine_compresses=False)
 
 
-def _compressed(compression, inputs, run, engine_compresses=True):
+def _compressed(compression, inputs, names, run, engine_compresses=True):
     """run(engine compression, tensors): the built-in compressions are the engine's; a compressor
-    of the user's own compresses before the collective and decompresses after."""
+    of the user's own compresses before the collective and decompresses after (given each
+    tensor's name where it keeps state per tensor)."""
     engine = in_engine(compression)
     if engine is not None and (engine_compresses or engine is in_engine(Compression.none)):
         return run(engine, inputs)
-    packed = [compression.compress(t) for t in inputs]
+    packed = wire.compress_all(compression, inputs, names)
     results = run(in_engine(Compression.none), [t for t, _ in packed])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 

@@ -9,6 +9,7 @@ import numpy as np
 
 import ringreduce as core
 import torch
+from ringreduce import compression as wire
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
@@ -66,7 +67,7 @@ class _DistributedOptimizer:
         if self._engine_compression is not None:
             return tensors.engine_allreduce_async_(parameter.grad, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
-        compressed, ctx = self._compression.compress(parameter.grad)
+        compressed, ctx = wire.compress(self._compression, parameter.grad, name)
         handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,
                                                 process_set=self._process_set)
         return tensors.Handle(handle, lambda result: parameter.grad.copy_(self._compression.decompress(result, ctx)))

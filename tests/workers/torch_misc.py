@@ -153,5 +153,19 @@ elif mode == "syncbn":
     (y * weights[mine]).sum().backward()
     save({"y": y.detach(), "grad_x": x.grad, "grad_weight": bn.weight.grad, "grad_bias": bn.bias.grad,
           "running_mean": bn.running_mean, "running_var": bn.running_var})
+elif mode == "error-feedback":
+    # One parameter, SGD with lr 1, gradients of known values: the trajectory is exactly computable.
+    w = torch.zeros(64, requires_grad=True)
+    feedback = rr.Compression.error_feedback(rr.Compression.fp16)
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                        compression=feedback)
+    trajectory = []
+    for step in range(4):
+        optimizer.zero_grad()
+        (w * torch.from_numpy(torch_cases.feedback_gradient(rank, step))).sum().backward()
+        optimizer.step()
+        trajectory.append(w.detach().clone())
+    save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"]})  # by gradient name
+
 else:
     raise SystemExit(f"unknown mode {mode}")

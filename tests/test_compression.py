@@ -1,0 +1,83 @@
+"""Compressors as pure logic (no MPI): the built-in casts, and error feedback's residual, which
+must be exactly what the wire lost, on numpy arrays and torch tensors."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ringreduce.compression import BFLOAT16, Compression, ErrorFeedback, compress, compress_all
+
+
+def test_the_casts_travel_as_their_wire_dtype_and_come_back():
+    x = np.array([1 / 3, 70000.0, -2.5], dtype=np.float32)
+    with np.errstate(over="ignore"):  # 70000 is beyond float16: it becomes inf, as documented
+        for compressor, wire in ((Compression.fp16, np.float16), (Compression.bf16, ml_dtypes.bfloat16)):
+            sent, ctx = compressor.compress(x)
+            assert sent.dtype == np.dtype(wire) and compressor.wire_dtype(np.float32) == np.dtype(wire)
+            back = compressor.decompress(sent, ctx)
+            assert back.dtype == np.float32
+            np.testing.assert_array_equal(back, x.astype(wire).astype(np.float32))
+        assert np.isinf(Compression.fp16.compress(x)[0][1]) and not np.isinf(Compression.bf16.compress(x)[0][1])
+    ints = np.arange(4, dtype=np.int32)
+    assert Compression.bf16.compress(ints)[0] is ints and Compression.bf16.wire_dtype(np.int32) == np.int32
+    assert BFLOAT16.itemsize == 2
+
+
+def test_error_feedback_keeps_exactly_what_the_wire_lost_and_adds_it_to_the_next_step():
+    rng = np.random.default_rng(0)
+    feedback = ErrorFeedback(Compression.fp16)
+    steps = [rng.standard_normal(64).astype(np.float32) / 3 for _ in range(3)]
+    residual = np.zeros(64, np.float32)
+    for gradient in steps:
+        sent, ctx = compress(feedback, gradient, "w")
+        corrected = gradient + residual
+        np.testing.assert_array_equal(sent, corrected.astype(np.float16))
+        residual = corrected - sent.astype(np.float32)
+        np.testing.assert_array_equal(feedback.residuals["w"], residual)
+        assert np.any(residual != 0)  # fp16 loses something on these values
+        np.testing.assert_array_equal(feedback.decompress(sent, ctx), sent.astype(np.float32))
+    # Over the steps, what went on the wire plus what is still kept is what was given: nothing is lost.
+    fresh = ErrorFeedback(Compression.fp16)
+    total_sent = sum(compress(fresh, g, "w")[0].astype(np.float64) for g in steps)
+    np.testing.assert_allclose(total_sent + fresh.residuals["w"], np.sum(steps, axis=0, dtype=np.float64),
+                               rtol=0, atol=1e-6)
+
+
+def test_error_feedback_state_is_per_tensor_and_round_trips():
+    feedback = ErrorFeedback(Compression.bf16)
+    compress(feedback, np.full(3, 1 / 3, np.float32), "a")
+    compress(feedback, np.full(2, 1 / 7, np.float32), "b")
+    assert sorted(feedback.residuals) == ["a", "b"]
+    restored = ErrorFeedback(Compression.bf16)
+    restored.load_state_dict(feedback.state_dict())
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(restored.residuals[name], feedback.residuals[name])
+
+
+def test_error_feedback_on_torch_tensors():
+    torch = pytest.importorskip("torch")
+    from ringreduce.torch.compression import Compression as TorchCompression
+
+    feedback = TorchCompression.error_feedback(TorchCompression.fp16)
+    gradient = torch.full((5,), 1 / 3)
+    sent, ctx = compress(feedback, gradient, "w")
+    assert sent.dtype == torch.float16 and feedback.decompress(sent, ctx).dtype == torch.float32
+    assert torch.equal(feedback.residuals["w"], gradient - sent.to(torch.float32))
+
+
+def test_error_feedback_on_tensorflow_tensors():
+    tf = pytest.importorskip("tensorflow")
+    from ringreduce.tensorflow.compression import Compression as TFCompression
+
+    feedback = TFCompression.error_feedback(TFCompression.bf16)
+    gradient = tf.fill([5], 1 / 3)
+    sent, ctx = compress(feedback, gradient, "w")
+    assert sent.dtype == tf.bfloat16 and feedback.decompress(sent, ctx).dtype == tf.float32
+    np.testing.assert_array_equal(feedback.residuals["w"].numpy(), (gradient - tf.cast(sent, tf.float32)).numpy())
+
+
+def test_a_compressor_with_state_per_tensor_needs_names():
+    feedback = ErrorFeedback(Compression.fp16)
+    with pytest.raises(ValueError, match="ErrorFeedback keeps state per tensor: give the call a name"):
+        compress_all(feedback, [np.ones(2, np.float32)], [None])
+    assert [c.dtype for c, _ in compress_all(Compression.fp16, [np.ones(2, np.float32)], [None])] == [np.float16]

@@ -1,0 +1,59 @@
+"""The digits MLP trained with each compression option, one after another in one job, with fixed
+seeds; rank 0 reports each option's test accuracy. A compressor that drops the gradient is the
+negative control: the test must see it fail. Usage: torch_convergence.py EPOCHS"""
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import ringreduce.torch as rr
+from ringreduce.compression import Compressor
+
+
+class Drop(Compressor):
+    """Sends zeros: no training signal crosses the wire."""
+
+    @staticmethod
+    def compress(tensor):
+        return torch.zeros_like(tensor), None
+
+
+OPTIONS = {
+    "none": lambda: rr.Compression.none,
+    "fp16": lambda: rr.Compression.fp16,
+    "bf16": lambda: rr.Compression.bf16,
+    "error-feedback fp16": lambda: rr.Compression.error_feedback(rr.Compression.fp16),
+    "error-feedback bf16": lambda: rr.Compression.error_feedback(rr.Compression.bf16),
+    "drop (negative control)": lambda: Drop,
+}
+
+
+def accuracy(compression, epochs, data):
+    train_x, test_x, train_y, test_y = data
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                        named_parameters=model.named_parameters(), compression=compression)
+    for epoch in range(epochs):
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
+        for start in range(0, len(order) - 63, 64):
+            mine = order[start:start + 64][rr.rank()::rr.size()]
+            optimizer.zero_grad()
+            F.cross_entropy(model(train_x[mine]), train_y[mine]).backward()
+            optimizer.step()
+    with torch.no_grad():
+        return (model(test_x).argmax(1) == test_y).float().mean().item() * 100
+
+
+rr.init()
+torch.set_num_threads(1)
+digits = load_digits()
+x, y = torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target)
+data = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+results = {name: accuracy(make(), int(sys.argv[1]), data) for name, make in OPTIONS.items()}
+if rr.rank() == 0:
+    print("REPORT " + json.dumps(results), flush=True)
