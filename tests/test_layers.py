@@ -27,7 +27,8 @@ LAUNCHER_PROTOCOL = "ringreduce.launcher.protocol"
 LAYERS = (
     ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
                     "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
-                    "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption")),
+                    "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
+                    "ringreduce.powersgd")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),

@@ -10,6 +10,7 @@ import numpy as np
 import ringreduce as core
 import torch
 from ringreduce import compression as wire
+from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
@@ -25,8 +26,11 @@ class _DistributedOptimizer:
                  gradient_predivide_factor, sparse_as_dense, process_set):
         super().__init__(params)
         self._process_set = process_set
-        self._compression = compression
-        self._engine_compression = in_engine(compression)
+        self._powersgd = compression if isinstance(compression, PowerSGD) else None
+        if self._powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
+            raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
+        self._compression = Compression.none if self._powersgd is not None else compression
+        self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
         self._op = op
         self._passes_per_step = backward_passes_per_step
@@ -52,7 +56,7 @@ class _DistributedOptimizer:
                 f"the gradient of {self._names[parameter]!r} was computed again before step() or "
                 "synchronize(); call backward once per step, or raise backward_passes_per_step")
         self._passes[parameter] += 1
-        if self._passes[parameter] == self._passes_per_step:
+        if self._passes[parameter] == self._passes_per_step and self._powersgd is None:
             self._handles[parameter] = self._allreduce(parameter)
 
     def _allreduce(self, parameter):
@@ -81,6 +85,9 @@ class _DistributedOptimizer:
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
                             for p in self._ordered], dtype=np.uint8)
         anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME, process_set=self._process_set)
+        if self._powersgd is not None:
+            self._average_low_rank(present, anywhere)
+            return
         for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
             if somewhere and not local:
                 if parameter.grad is None:
@@ -91,6 +98,21 @@ class _DistributedOptimizer:
         for handle in self._handles.values():
             handle.wait()
         self._handles.clear()
+        self._passes = dict.fromkeys(self._passes, 0)
+        self._synchronized = True
+
+    def _average_low_rank(self, present, anywhere):
+        """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
+        so it waits for backward to end: no overlap with it)."""
+        named = {}
+        for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
+            if somewhere:
+                if parameter.grad is None or not local:
+                    parameter.grad = torch.zeros_like(parameter)
+                if parameter.grad.is_sparse:
+                    raise ValueError(f"PowerSGD needs dense gradients; {self._names[parameter]!r} is sparse")
+                named[self._names[parameter]] = tensors.as_array(parameter.grad)
+        self._powersgd.average(named, self._process_set)
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 

@@ -28,6 +28,8 @@ OPTIONS = {
     "bf16": lambda: rr.Compression.bf16,
     "error-feedback fp16": lambda: rr.Compression.error_feedback(rr.Compression.fp16),
     "error-feedback bf16": lambda: rr.Compression.error_feedback(rr.Compression.bf16),
+    "PowerSGD rank 1": lambda: rr.PowerSGD(matrix_approximation_rank=1, start_powerSGD_iter=30),
+    "PowerSGD rank 4": lambda: rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=30),
     "drop (negative control)": lambda: Drop,
 }
 
