@@ -122,8 +122,11 @@ def test_a_killed_rank_is_named_with_its_signal_and_the_job_ends_fast(mode, sign
 @pytest.mark.parametrize("verbose", [False, True])
 def test_mpiexecs_cleanup_banner_shows_only_with_verbose_once_the_rank_is_named(verbose):
     """MPICH's Hydra prints a banner with rrun's own SIGTERM as the exit code after rank 1 was
-    killed; rrun's line, which names the rank and its signal, is what the user reads last."""
+    killed; rrun's line, which names the rank and its signal, is what the user reads last. Without
+    --verbose the banner never shows; with it, it shows when Hydra got to print it before it ended
+    (not every time: it is ended too), which tests/test_banners.py covers line by line."""
     job = run_job(2, "misbehave.py", "sigkill", rrun_args=("--verbose",) if verbose else (), timeout=60)
     assert job.returncode == 128 + signal.SIGKILL
     assert job.last_line.startswith("rrun: rank 1 (on ") and "killed by signal 9 (SIGKILL)" in job.last_line
-    assert ("BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES" in job.stdout + job.stderr) == verbose
+    if not verbose:
+        assert "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES" not in job.stdout + job.stderr
