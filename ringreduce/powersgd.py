@@ -37,6 +37,7 @@ class PowerSGD:
         self.iteration = 0
         self.errors = {}  # name -> what the approximation missed of this rank's last M (differs per rank)
         self.qs = {}  # name -> the last step's Q (the same on every rank)
+        self._approximations = {}  # name -> the buffer each step's P Q^T is written into
 
     def compresses(self, shape):
         """Is a gradient of this shape sent as factors (a matrix that shrinks enough)?"""
@@ -79,9 +80,15 @@ class PowerSGD:
             qs[name] = ms[name].T @ ps[name]
         collectives.grouped_allreduce_(list(qs.values()), op=ops.Average, name="powersgd.q", process_set=process_set)
         for name, m in ms.items():
-            approximation = ps[name] @ qs[name].T
+            # Into buffers kept from step to step: fresh pages cost more here than the arithmetic.
+            approximation = self._approximations.get(name)
+            if approximation is None or approximation.shape != m.shape:
+                approximation = self._approximations[name] = xp.empty_like(m)
+            xp.matmul(ps[name], qs[name].T, out=approximation)
             if self.use_error_feedback:
-                self.errors[name] = m - approximation
+                if name not in self.errors:
+                    self.errors[name] = xp.empty_like(m)
+                xp.subtract(m, approximation, out=self.errors[name])
             named[name][...] = approximation.reshape(named[name].shape)
             self.qs[name] = qs[name]
 

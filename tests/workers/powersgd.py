@@ -43,7 +43,7 @@ for step in range(4):
     error_before = warm.errors.get("w", np.zeros((16, 16), np.float32)).copy()
     averaged(warm, f"warm-{step}", {"w": gradient})
     if step >= 2:  # what went out plus what is kept is what came in, with the last residual
-        saved[f"warm-error-{step}"] = warm.errors["w"]
+        saved[f"warm-error-{step}"] = warm.errors["w"].copy()  # a buffer the next step reuses
         saved[f"warm-error-before-{step}"] = error_before
 
 np.savez(os.path.join(out, f"rank{rank}.npz"), **saved)
