@@ -104,12 +104,12 @@ class ProgramOrder:
             self._broken = f"{type(error).__name__}: {error}"
             raise
         number, self.calls = self.calls, self.calls + 1
-        joined = [packet for packet in received if packet.flags & _JOINED]
+        joined = {packet.peer for packet in received if packet.flags & _JOINED}
         self._check(message, plan.header, received, number)
         if number and not joined:
             self._record_waits(received, sent_wait)
         if plan.carries:
-            result = self._combine(message, plan, received, output)
+            result = self._combine(message, plan, joined, output)
         elif message.kind == "barrier" and not joined:
             result = None  # every rank has arrived (a joined one is the engine's to refuse)
         else:
@@ -139,9 +139,10 @@ class ProgramOrder:
                 continue
             with self.engine.waiters:  # this rank is blocked: what tells a deadlock of the others' requests
                 time.sleep(min(waited / 4, MAX_SLEEP_SECONDS))
-            waiting = [peer for peer, request in zip(self.peers, plan.receives, strict=True)
-                       if not _done([request], message, self.where)]
-            self._check_others(message, waiting, waited)
+            pending = {peer: request for peer, request in zip(self.peers, plan.receives, strict=True)
+                       if not _done([request], message, self.where)}
+            waiting = list(pending)
+            self._check_others(message, pending, waited)
             if not told_async:
                 told_async = self._tell_async(message, waiting)
             if not warned and waited >= self.engine.config.stall_check_seconds:
@@ -159,13 +160,16 @@ class ProgramOrder:
         incoming.Recv([self._scratch, count, MPI.BYTE])
         return _Packet(self._status.Get_source(), *_PREFIX.unpack_from(self._scratch), self._scratch)
 
-    def _check_others(self, message, waiting, waited):
-        """Raise when waiting on cannot end well: a peer left, the engine broke, or the stall
-        shutdown time (RINGREDUCE_STALL_SHUTDOWN_TIME) has passed."""
+    def _check_others(self, message, pending, waited):
+        """Raise when waiting on cannot end well (`pending`: the receive of each peer not yet heard
+        from): a peer left, the engine broke, or RINGREDUCE_STALL_SHUTDOWN_TIME has passed."""
         if self.engine.failure is not None:
             raise self.engine.failure
-        # A peer sends its packet before it can leave; it may come in just after the engine saw it go.
-        left = [peer for peer in waiting if peer in self.engine.leaving and not self.comm.Iprobe(peer, _TAG)]
+        waiting = list(pending)
+        # A peer sends its packet before it can leave; it may come in just after the engine saw it go
+        # (into the receive posted for it, which a probe would not see: test the receive again).
+        left = [peer for peer in waiting
+                if peer in self.engine.leaving and not _done([pending[peer]], message, self.where)]
         if left:
             raise PeerExitedError(
                 f"{self._text(left)} shut down while rank {self.ranks[self.me]} waited in plain {message.kind} "
@@ -228,10 +232,9 @@ class ProgramOrder:
             waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
-    def _combine(self, message, plan, received, output):
+    def _combine(self, message, plan, joined, output):
         """The contributions combined in rank order (the same rounding on every rank), scaled;
-        into `output`, or a new array. A joined rank adds the identity: nothing."""
-        joined = {packet.peer for packet in received if packet.flags & _JOINED}
+        into `output`, or a new array. A `joined` rank adds the identity: nothing."""
         parts = [plan.mine if rank == self.me else plan.theirs[rank] for rank in range(self.size)
                  if rank not in joined]
         if len(parts) == 1:
@@ -281,8 +284,7 @@ class ProgramOrder:
             return None
         message = pickle.loads(packet.buffer[_PREFIX.size:_PREFIX.size + packet.length])
         return (f"rank {self.ranks[self.me]} shut down while rank {self.ranks[packet.peer]} waited in plain "
-                f"{message.kind} "
-                f"{message.name!r}{self.where}; every rank must make the same collective calls")
+                f"{message.kind} {message.name!r}{self.where}; every rank must make the same collective calls")
 
     def _text(self, peers):
         return ranks_text(sorted(self.ranks[p] for p in peers))

@@ -84,6 +84,13 @@ def test_every_compression_trains_the_digits_to_the_accuracy_of_none_and_a_dropp
     assert control < accuracy["none"] - 50, control
 
 
+def test_powersgd_averages_bfloat16_gradients_into_them(tmp_path):
+    job = run_job(2, "torch_misc.py", "powersgd-bfloat16", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert torch.equal(load(tmp_path, rank)["w"], torch.full((16, 16), -1.5))  # -(1 + 2) / 2
+
+
 def test_a_users_subclass_of_the_distributed_optimizer_steps_as_it(tmp_path):
     job = run_job(2, "torch_train.py", "sgd", 1, "none", tmp_path, "subclass", timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]

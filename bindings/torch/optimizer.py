@@ -104,15 +104,19 @@ class _DistributedOptimizer:
     def _average_low_rank(self, present, anywhere):
         """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
         so it waits for backward to end: no overlap with it)."""
-        named = {}
+        named, copies = {}, []
         for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
             if somewhere:
                 if parameter.grad is None or not local:
                     parameter.grad = torch.zeros_like(parameter)
                 if parameter.grad.is_sparse:
                     raise ValueError(f"PowerSGD needs dense gradients; {self._names[parameter]!r} is sparse")
-                named[self._names[parameter]] = tensors.as_array(parameter.grad)
+                array = named[self._names[parameter]] = tensors.as_array(parameter.grad)
+                if parameter.grad.dtype == torch.bfloat16:  # as_array's float32 copy: averaged there
+                    copies.append((parameter.grad, array))
         self._powersgd.average(named, self._process_set)
+        for grad, array in copies:
+            grad.copy_(tensors.as_tensor(array, grad))
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 

@@ -167,5 +167,15 @@ elif mode == "error-feedback":
         trajectory.append(w.detach().clone())
     save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"]})  # by gradient name
 
+elif mode == "powersgd-bfloat16":
+    # bfloat16 gradients reach the core as float32 copies: the average must come back into them.
+    w = torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                        compression=rr.PowerSGD(start_powerSGD_iter=1))
+    optimizer.zero_grad()
+    (w * torch.full((16, 16), float(rank + 1), dtype=torch.bfloat16)).sum().backward()
+    optimizer.step()
+    save({"w": w.detach().float()})
+
 else:
     raise SystemExit(f"unknown mode {mode}")
