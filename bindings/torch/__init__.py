@@ -22,6 +22,11 @@ from ringreduce.torch.differentiable import (  # noqa: F401
     reducescatter,
 )
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
+from ringreduce.torch.local_sgd import (  # noqa: F401
+    HierarchicalModelAverager,
+    PeriodicModelAverager,
+    PostLocalSGDOptimizer,
+)
 from ringreduce.torch.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.torch.parallel import ColumnParallelLinear, RowParallelLinear  # noqa: F401
 from ringreduce.torch.pipeline import GPipe  # noqa: F401

@@ -23,12 +23,21 @@ class _DistributedOptimizer:
     reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set):
+                 gradient_predivide_factor, sparse_as_dense, process_set, staleness):
         super().__init__(params)
         self._process_set = process_set
         self._powersgd = compression if isinstance(compression, PowerSGD) else None
         if self._powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
             raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
+        if staleness not in (0, 1):
+            raise ValueError(f"staleness must be 0 (synchronous) or 1 (one step stale), got {staleness!r}")
+        if staleness and self._powersgd is not None:
+            raise ValueError("staleness=1 does not combine with PowerSGD, whose averaging waits for the whole backward")
+        self._staleness = staleness
+        self._in_flight = {}  # with staleness: parameter -> handle of the last step's allreduce (None: arrived)
+        self._buffers = {}  # with staleness: parameter -> two buffers, one in flight, one applied
+        self._parity = 0  # which of the two buffers this step's gradients are averaged in
+        self._stale_ready = False  # whether the last synchronize() put an average into the gradients
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
@@ -60,24 +69,43 @@ class _DistributedOptimizer:
             self._handles[parameter] = self._allreduce(parameter)
 
     def _allreduce(self, parameter):
-        """Start averaging `parameter.grad`, in place: the engine casts for the built-in compressions,
-        a compressor of the user's own runs around the allreduce; a sparse gradient is gathered
-        (indices and values, as Horovod), unless sparse_as_dense makes it dense first."""
+        """Start averaging `parameter.grad` in place, or with staleness a copy of it (this step's
+        buffer), once the last step's average of that parameter has arrived: the engine casts for the
+        built-in compressions, a compressor of the user's own runs around the allreduce; a sparse
+        gradient is gathered (indices and values, as Horovod), unless sparse_as_dense makes it dense
+        first."""
         name = self._names[parameter]
         if parameter.grad.is_sparse:
             if not self._sparse_as_dense:
+                if self._staleness:
+                    raise ValueError(f"staleness=1 needs dense gradients; {name!r} is sparse (sparse_as_dense=True)")
                 return _SparseAllreduce(parameter, name, self._op, self._process_set)
             parameter.grad = parameter.grad.to_dense()
+        target = self._stale_buffer(parameter) if self._staleness else parameter.grad
         if self._engine_compression is not None:
-            return tensors.engine_allreduce_async_(parameter.grad, self._op, name, self._prescale, self._postscale,
+            return tensors.engine_allreduce_async_(target, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
-        compressed, ctx = wire.compress(self._compression, parameter.grad, name)
+        compressed, ctx = wire.compress(self._compression, target, name)
         handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,
                                                 process_set=self._process_set)
-        return tensors.Handle(handle, lambda result: parameter.grad.copy_(self._compression.decompress(result, ctx)))
+        return tensors.Handle(handle, lambda result: target.copy_(self._compression.decompress(result, ctx)))
+
+    def _stale_buffer(self, parameter):
+        """This step's buffer of `parameter`, holding a copy of its gradient, once the last step's
+        average in it has arrived (the hook of the same parameter one step later: long done)."""
+        if self._in_flight.get(parameter) is not None:
+            self._in_flight[parameter].wait()
+            self._in_flight[parameter] = None  # arrived; still to be applied at this step
+        if parameter not in self._buffers:
+            self._buffers[parameter] = (torch.empty_like(parameter.grad), torch.empty_like(parameter.grad))
+        buffer = self._buffers[parameter][self._parity]
+        buffer.copy_(parameter.grad)
+        return buffer
 
     def synchronize(self):
-        """Wait until every gradient of this step is averaged over the ranks.
+        """Wait until every gradient of this step is averaged over the ranks (with staleness=1:
+        every gradient of the last step, whose averages become the gradients; this step's go on in
+        the background).
 
         A parameter that got no gradient here but did on another rank takes part with zeros,
         so no rank waits for it; one that got no gradient anywhere keeps grad None.
@@ -95,11 +123,29 @@ class _DistributedOptimizer:
                 self._handles[parameter] = self._allreduce(parameter)
             elif somewhere and parameter not in self._handles:  # fewer passes than per step here
                 self._handles[parameter] = self._allreduce(parameter)
-        for handle in self._handles.values():
-            handle.wait()
-        self._handles.clear()
+        if self._staleness:
+            self._take_last_steps_averages()
+        else:
+            for handle in self._handles.values():
+                handle.wait()
+            self._handles.clear()
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
+
+    def _take_last_steps_averages(self):
+        """staleness=1: the last step's averages become the gradients; this step's stay in flight
+        (into the other buffers) until the next step needs them."""
+        last, self._in_flight, self._handles = self._in_flight, self._handles, {}
+        applied = 1 - self._parity
+        for parameter in self._ordered:
+            if parameter in last:
+                if last[parameter] is not None:
+                    last[parameter].wait()
+                parameter.grad = self._buffers[parameter][applied]
+            else:
+                parameter.grad = None
+        self._stale_ready = bool(last)
+        self._parity ^= 1
 
     def _average_low_rank(self, present, anywhere):
         """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
@@ -135,7 +181,14 @@ class _DistributedOptimizer:
         elif not self._synchronized:
             raise RuntimeError("step() inside skip_synchronize() needs a synchronize() call before it")
         self._synchronized = False
-        return super().step(closure)
+        if not self._staleness:
+            return super().step(closure)
+        if not self._stale_ready:  # the first step: no average has arrived yet
+            return None
+        result = super().step(closure)
+        for parameter in self._ordered:  # the buffers are the next step's; the gradients are spent
+            parameter.grad = None
+        return result
 
     def zero_grad(self, set_to_none=True):
         if self._handles:
@@ -146,7 +199,7 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set, staleness=0):
     """`optimizer`, averaging gradients over the ranks of `process_set` (all of them by default).
     The result is an instance of a subclass of the optimizer's own class, so param_groups,
     state_dict, load_state_dict and LR schedulers behave as they do on the original; its state (a
@@ -154,7 +207,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     `num_groups` and `groups` are Horovod's way to fuse gradients into grouped allreduces; the
     engine fuses every gradient that is ready in a cycle anyway, so they are checked and need
-    nothing more."""
+    nothing more.
+
+    `staleness=1` (ringreduce's) averages each step's gradients while the next step computes: the
+    update of step t applies the average of step t-1's gradients (the same on every rank, so the
+    replicas stay identical); the first step() applies nothing, and the gradients are None after
+    each step()."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     if num_groups and groups is not None:
@@ -165,7 +223,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("groups must be a number of groups or a list of lists of parameters")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, sparse_as_dense, process_set)
+                      gradient_predivide_factor, sparse_as_dense, process_set, staleness)
     distributed.load_state_dict(optimizer.state_dict())
     return distributed
 

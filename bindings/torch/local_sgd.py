@@ -1,0 +1,171 @@
+"""Local SGD (post-local SGD, Lin et al. 2018) with torch.distributed's names: every rank steps on
+its own, and the model is averaged over the ranks every `period` steps, after `warmup_steps` of
+synchronous gradient averaging.
+
+    averager = rr.PeriodicModelAverager(period=4, warmup_steps=100)
+    optimizer = rr.PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), averager)
+
+Between averages the replicas differ by design; right after each they hold the same bits.
+torch.distributed pairs its optimizer with DDP and a communication hook for the warm-up; here the
+optimizer averages the gradients itself until the warm-up ends, so no hook is needed.
+
+An outer optimizer (DiLoCo, Douillard et al. 2023) makes each average a step of its own: the
+ranks' mean change since the last average is the "gradient" of an optimizer over a copy of the
+model held at that average, for example Nesterov momentum:
+
+    rr.PeriodicModelAverager(period=4, outer_optimizer=lambda params: torch.optim.SGD(
+        params, lr=0.7, momentum=0.9, nesterov=True))
+"""
+
+import collections
+
+import torch
+from ringreduce import ops
+from ringreduce.process_sets import ProcessSet, add_process_set, global_process_set
+from ringreduce.torch import tensors
+
+
+class PeriodicModelAverager:
+    """Averages parameters every `period` steps from step `warmup_steps` on, over `process_set`."""
+
+    def __init__(self, period, warmup_steps=0, process_set=global_process_set, outer_optimizer=None):
+        if period < 1:
+            raise ValueError(f"period must be at least 1, got {period}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be at least 0, got {warmup_steps}")
+        self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
+        self.step = 0
+        self._outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
+
+    def _set_for(self, step):
+        """The set this step averages over, or None when it does not average."""
+        if step < self.warmup_steps or (step - self.warmup_steps) % self.period:
+            return None
+        return self.process_set
+
+    def average_parameters(self, params):
+        """Average `params` (parameters, or param_groups) if this step is one that averages; count
+        the step. Returns whether it averaged."""
+        process_set = self._set_for(self.step)
+        self.step += 1
+        if process_set is None:
+            return False
+        parameters = _parameters(params)
+        _average([p.data for p in parameters], process_set, "local_sgd.parameters")
+        if self._outer is not None:
+            self._outer.step(parameters)
+        return True
+
+
+class HierarchicalModelAverager(PeriodicModelAverager):
+    """Averages inside groups of consecutive ranks often and across larger groups seldom:
+    `period_group_size_dict` ({period: group size}, e.g. {1: 2, 4: 4} averages every step among
+    pairs and every fourth step among all four); at each step the largest period that divides it
+    chooses the group. The last group size must be the size of `process_set`. Every rank makes
+    the groups' process sets together when this is built."""
+
+    def __init__(self, period_group_size_dict, warmup_steps=0, process_set=global_process_set):
+        if not period_group_size_dict:
+            raise ValueError("period_group_size_dict must name at least one period")
+        periods = sorted(period_group_size_dict)
+        sizes = [period_group_size_dict[p] for p in periods]
+        if sizes[-1] != process_set.size():
+            raise ValueError(f"the last group size ({sizes[-1]}) must be the size of the process set "
+                             f"({process_set.size()})")
+        if any(size < 1 or process_set.size() % size for size in sizes):
+            raise ValueError(f"every group size must divide the process set's size ({process_set.size()}), got "
+                             f"{sizes}")
+        super().__init__(periods[0], warmup_steps, process_set)
+        ranks = process_set.ranks
+        self._groups = collections.OrderedDict()  # period -> this rank's group, largest period first
+        for period, size in reversed(list(zip(periods, sizes, strict=True))):
+            groups = [ranks[start:start + size] for start in range(0, len(ranks), size)]
+            if size == len(ranks):
+                self._groups[period] = process_set
+            else:
+                made = [add_process_set(ProcessSet(group)) for group in groups]
+                self._groups[period] = next(s for s in made if s.included())
+
+    def _set_for(self, step):
+        if step < self.warmup_steps:
+            return None
+        local_step = step - self.warmup_steps
+        return next((group for period, group in self._groups.items() if local_step % period == 0), None)
+
+
+class PostLocalSGDOptimizer(torch.optim.Optimizer):
+    """Wraps a local optimizer: until the averager's warm-up ends each step averages the gradients
+    (so the replicas stay the same), then each rank steps on its own and the averager averages
+    the model. `average_optimizer_state` averages the optimizer's floating state (momentum,
+    Adam's moments) with the model."""
+
+    def __init__(self, optim, averager, average_optimizer_state=False):
+        self.optim, self.averager = optim, averager
+        self.average_optimizer_state = average_optimizer_state
+        self.param_groups, self.defaults = optim.param_groups, optim.defaults
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    def step(self, closure=None):
+        if self.averager.step < self.averager.warmup_steps:
+            gradients = []
+            for parameter in _parameters(self.param_groups):
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                gradients.append(parameter.grad)
+            _average(gradients, self.averager.process_set, "local_sgd.gradients")
+        loss = self.optim.step(closure)
+        step = self.averager.step
+        if self.averager.average_parameters(self.param_groups) and self.average_optimizer_state:
+            states = [self.optim.state[p] for p in _parameters(self.param_groups)]
+            floating = [value for state in states for _, value in sorted(state.items())
+                        if torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0]
+            _average(floating, self.averager._set_for(step), "local_sgd.optimizer_state")
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return {**self.optim.state_dict(), "step": self.averager.step}
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        self.averager.step = state_dict.pop("step", 0)
+        self.optim.load_state_dict(state_dict)
+
+
+class _OuterStep:
+    """DiLoCo's outer step: a copy of the model as of the last average, moved by an optimizer of
+    its own along the ranks' mean change since then. The first average only sets the copy."""
+
+    def __init__(self, make_optimizer):
+        self._make_optimizer = make_optimizer
+        self._anchor = self._optimizer = None
+
+    def step(self, parameters):
+        if self._anchor is None:
+            self._anchor = [p.detach().clone() for p in parameters]
+            self._optimizer = self._make_optimizer(self._anchor)
+            return
+        with torch.no_grad():
+            for anchor, parameter in zip(self._anchor, parameters, strict=True):
+                anchor.grad = anchor - parameter  # the outer "gradient": the mean change, reversed
+            self._optimizer.step()
+            for anchor, parameter in zip(self._anchor, parameters, strict=True):
+                parameter.copy_(anchor)
+
+
+def _parameters(params):
+    """The parameters that train, from parameters or param_groups, in order."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        params = [p for group in params for p in group["params"]]
+    return [p for p in params if p.requires_grad]
+
+
+def _average(tensors_, process_set, name):
+    if tensors_:
+        tensors.grouped_allreduce_(tensors_, op=ops.Average, name=name, process_set=process_set)

@@ -1,0 +1,163 @@
+"""Fewer or later synchronisations (stale averaging, local SGD, DiLoCo's outer step, hierarchical
+local SGD) through the real rrun and MPI, against replicas simulated in this process."""
+
+import pytest
+import torch
+import torch_cases
+
+from launch import run_job
+
+pytestmark = pytest.mark.mpi
+
+
+def train(out, size, *modes):
+    job = run_job(size, "torch_averaging.py", out, *modes, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return {mode: [torch.load(out / mode / f"rank{rank}.pt") for rank in range(size)] for mode in modes}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The options at 2 ranks, in one job."""
+    return train(tmp_path_factory.mktemp("averaging"), 2, "stale", "local", "diloco")
+
+
+def at(saved, step):
+    return {name.split(".", 1)[1]: value for name, value in saved.items() if name.startswith(f"{step}.")}
+
+
+def same_bits(a, b):
+    return all(torch.equal(a[name], b[name]) for name in a)
+
+
+class Replicas:
+    """One model and optimizer per rank, each training on its shard of torch_cases' batch."""
+
+    def __init__(self, size):
+        self.nets = [torch_cases.model() for _ in range(size)]
+        self.opts = [torch_cases.optimizer("sgd", net.parameters()) for net in self.nets]
+        self.inputs, self.labels = torch_cases.data()
+        self.shard = torch_cases.BATCH // size
+
+    def gradients(self, rank, replica=None):
+        """The gradients of rank's shard, on its own replica or on `replica`'s."""
+        net = self.nets[rank if replica is None else replica]
+        mine = slice(rank * self.shard, (rank + 1) * self.shard)
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(self.inputs[mine]), self.labels[mine]).backward()
+        return [p.grad.clone() for p in net.parameters()]
+
+    def average(self, tensors_of, group):
+        for tensors in zip(*(tensors_of(rank) for rank in group), strict=True):
+            mean = torch.stack(tensors).mean(0)
+            for tensor in tensors:
+                tensor.data.copy_(mean)
+
+    def parameters(self, rank):
+        return list(self.nets[rank].parameters())
+
+    def momenta(self, rank):
+        return [self.opts[rank].state[p]["momentum_buffer"] for p in self.parameters(rank)]
+
+    def state(self, rank):
+        return {name: p.detach().clone() for name, p in self.nets[rank].named_parameters()}
+
+
+def assert_close(got, expected):
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(two_ranks):
+    got = two_ranks["stale"]
+    replicas, last = Replicas(2), None
+    for step in range(torch_cases.STEPS):
+        averaged = [torch.stack(g).mean(0) for g in zip(replicas.gradients(0), replicas.gradients(1, 0), strict=True)]
+        if last is not None:  # the first step applies nothing: no average has arrived
+            for p, g in zip(replicas.parameters(0), last, strict=True):
+                p.grad = g
+            replicas.opts[0].step()
+        last = averaged
+        for rank in range(2):
+            assert_close(at(got[rank], step), replicas.state(0))
+        assert same_bits(at(got[0], step), at(got[1], step)), step
+    assert not same_bits(at(got[0], 0), at(got[0], 1))  # it did train
+
+
+@pytest.mark.parametrize("mode", ["local", "diloco"])
+def test_local_sgd_averages_every_period_after_the_warm_up(two_ranks, mode):
+    got = two_ranks[mode]
+    replicas, anchor, outer = Replicas(2), None, None
+    for step in range(torch_cases.STEPS):
+        if step < 2:  # warm-up: gradients averaged
+            averaged = [torch.stack(g).mean(0) for g in zip(replicas.gradients(0), replicas.gradients(1), strict=True)]
+            for rank in range(2):
+                for p, g in zip(replicas.parameters(rank), averaged, strict=True):
+                    p.grad = g.clone()
+        else:
+            for rank in range(2):
+                replicas.gradients(rank)
+        for opt in replicas.opts:
+            opt.step()
+        averages = step >= 2 and step % 2 == 0
+        if averages:
+            replicas.average(replicas.parameters, [0, 1])
+            if mode == "local":
+                replicas.average(replicas.momenta, [0, 1])
+            elif anchor is None:
+                anchor = [p.detach().clone() for p in replicas.parameters(0)]
+                outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True)
+            else:
+                for a, p in zip(anchor, replicas.parameters(0), strict=True):
+                    a.grad = a.detach() - p.detach()
+                outer.step()
+                for rank in range(2):
+                    for a, p in zip(anchor, replicas.parameters(rank), strict=True):
+                        p.data.copy_(a.detach())
+        for rank in range(2):
+            assert_close(at(got[rank], step), replicas.state(rank))
+        # Identical through the warm-up and right after each average; apart in between.
+        assert same_bits(at(got[0], step), at(got[1], step)) == (step < 2 or averages), step
+
+
+def test_hierarchical_local_sgd_averages_pairs_every_step_and_all_every_second(tmp_path):
+    got = train(tmp_path, 4, "hierarchical")["hierarchical"]
+    replicas = Replicas(4)
+    for step in range(torch_cases.STEPS):
+        for rank in range(4):
+            replicas.gradients(rank)
+            replicas.opts[rank].step()
+        groups = [[0, 1, 2, 3]] if step % 2 == 0 else [[0, 1], [2, 3]]
+        for group in groups:
+            replicas.average(replicas.parameters, group)
+        for rank in range(4):
+            assert_close(at(got[rank], step), replicas.state(rank))
+        assert same_bits(at(got[0], step), at(got[1], step)) and same_bits(at(got[2], step), at(got[3], step))
+        assert same_bits(at(got[1], step), at(got[2], step)) == (step % 2 == 0), step
+
+
+class FourRanks:
+    """Stands for a made process set of four ranks (the checks need only its size)."""
+
+    ranks = [0, 1, 2, 3]
+
+    def size(self):
+        return 4
+
+
+def test_bad_arguments_are_clear_errors():
+    import ringreduce.torch as rr
+
+    net = torch_cases.model()
+    with pytest.raises(ValueError, match="staleness must be 0 .* or 1 .*, got 2"):
+        rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), staleness=2)
+    with pytest.raises(ValueError, match="staleness=1 does not combine with PowerSGD"):
+        rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), compression=rr.PowerSGD(), staleness=1)
+    with pytest.raises(ValueError, match="period must be at least 1, got 0"):
+        rr.PeriodicModelAverager(period=0)
+    with pytest.raises(ValueError, match="warmup_steps must be at least 0, got -1"):
+        rr.PeriodicModelAverager(period=2, warmup_steps=-1)
+    with pytest.raises(ValueError, match=r"the last group size \(2\) must be the size of the process set \(4\)"):
+        rr.HierarchicalModelAverager({1: 2}, process_set=FourRanks())
+    with pytest.raises(ValueError, match=r"every group size must divide the process set's size \(4\), got \[3, 4\]"):
+        rr.HierarchicalModelAverager({1: 3, 4: 4}, process_set=FourRanks())
