@@ -101,6 +101,11 @@ class ErrorFeedback(Compressor):
     def decompress(self, tensor, ctx):
         return self.compressor.decompress(tensor, ctx)
 
+    @property
+    def gathers(self):
+        """Whether what the wrapped compressor makes is combined by allgather (top-k)."""
+        return getattr(self.compressor, "gathers", False)
+
     def state_dict(self):
         return {"residuals": dict(self.residuals)}
 

@@ -71,16 +71,43 @@ def test_error_feedback_around_fp16_steps_exactly_as_computed_here(tmp_path):
     assert not np.array_equal(plain, trajectory[-1])
 
 
-def test_every_compression_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
-    """Fixed seeds, 5 epochs at 2 ranks: within 1 point of uncompressed; the negative control (a
-    compressor that sends zeros) shows that the test can fail."""
+def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps_the_rest(tmp_path):
+    """Each rank sends the 6 entries of its corrected gradient largest in magnitude (indices and
+    values, gathered), keeps the rest for the next step, and the mean of what was sent is applied."""
+    job = run_job(2, "torch_misc.py", "topk", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    w, residuals, trajectory = np.zeros(64, np.float32), [np.zeros(64, np.float32)] * 2, []
+    for step in range(4):
+        corrected = [torch_cases.feedback_gradient(r, step) + residuals[r] for r in range(2)]
+        sent = [np.where(np.isin(np.arange(64), np.argsort(-np.abs(c))[:6]), c, 0).astype(np.float32)
+                for c in corrected]
+        residuals = [c - s for c, s in zip(corrected, sent, strict=True)]
+        w = w - (sent[0] / np.float32(2) + sent[1] / np.float32(2))
+        trajectory.append(w)
+    for rank in range(2):
+        got = load(tmp_path, rank)
+        np.testing.assert_array_equal(got["trajectory"].numpy(), np.stack(trajectory))
+        np.testing.assert_array_equal(got["residual"].numpy(), residuals[rank])
+        assert got["wire"] == [6 * (8 + 4)] * 4  # per step: 6 int64 indices and 6 float32 values from each rank
+
+
+# Slower to converge than synchronous SGD at 5 epochs (docs/performance.md has them at 5, 10 and 20):
+# top-k sends 1 % of the entries a step, and a one-step-stale gradient fights momentum 0.9.
+SLOWER = {"top-k 1 % with error feedback", "stale averaging"}
+
+
+def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
+    """Fixed seeds, 5 epochs at 2 ranks: within 1 point of uncompressed synchronous SGD (the
+    slower ones: past 70 %); the negative control (a compressor that sends zeros) shows that the
+    test can fail."""
     job = run_job(2, "torch_convergence.py", 5, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
     (accuracy,) = reports(job, 0)
     control = accuracy.pop("drop (negative control)")
     assert accuracy["none"] > 90, accuracy
+    assert {"PowerSGD rank 4", "local SGD H=4"} <= set(accuracy) and SLOWER <= set(accuracy)
     for name, value in accuracy.items():
-        assert abs(value - accuracy["none"]) <= 1.0, (name, accuracy)
+        assert value > 70 if name in SLOWER else abs(value - accuracy["none"]) <= 1.0, (name, accuracy)
     assert control < accuracy["none"] - 50, control
 
 

@@ -79,13 +79,17 @@ class _DistributedOptimizer:
             if not self._sparse_as_dense:
                 if self._staleness:
                     raise ValueError(f"staleness=1 needs dense gradients; {name!r} is sparse (sparse_as_dense=True)")
-                return _SparseAllreduce(parameter, name, self._op, self._process_set)
+                return _SparseAllreduce(parameter.grad, name, self._op, self._process_set,
+                                        lambda combined: setattr(parameter, "grad", combined))
             parameter.grad = parameter.grad.to_dense()
         target = self._stale_buffer(parameter) if self._staleness else parameter.grad
         if self._engine_compression is not None:
             return tensors.engine_allreduce_async_(target, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
         compressed, ctx = wire.compress(self._compression, target, name)
+        if getattr(self._compression, "gathers", False):
+            return _SparseAllreduce(compressed, name, self._op, self._process_set,
+                                    lambda combined: target.copy_(self._compression.decompress(combined, ctx)))
         handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,
                                                 process_set=self._process_set)
         return tensors.Handle(handle, lambda result: target.copy_(self._compression.decompress(result, ctx)))
@@ -248,17 +252,18 @@ def _parameter_names(param_groups, named_parameters):
 
 
 class _SparseAllreduce:
-    """A sparse gradient combined over ranks by gathering every rank's indices and values; its
-    wait() puts the combined sparse gradient in place (Average divides the values by the size)."""
+    """A sparse tensor combined over ranks by gathering every rank's indices and values (Horovod's
+    way for sparse gradients, and top-k's); wait() hands the combined sparse tensor to `finish`
+    (Average divides the values by the size)."""
 
-    def __init__(self, parameter, name, op, process_set):
+    def __init__(self, sparse, name, op, process_set, finish):
         if op not in (core.Sum, core.Average):
             raise ValueError(f"a sparse gradient ({name!r}) can be summed or averaged, not reduced with {op!r}")
-        grad = parameter.grad.coalesce()
-        self._parameter, self._average, self._shape = parameter, op == core.Average, grad.shape
+        sparse = sparse.coalesce()
+        self._finish, self._average, self._shape = finish, op == core.Average, sparse.shape
         self._size = process_set.size()
-        self._indices = tensors.allgather_async(grad.indices().t().contiguous(), f"{name}.indices", process_set)
-        self._values = tensors.allgather_async(grad.values().contiguous(), f"{name}.values", process_set)
+        self._indices = tensors.allgather_async(sparse.indices().t().contiguous(), f"{name}.indices", process_set)
+        self._values = tensors.allgather_async(sparse.values().contiguous(), f"{name}.values", process_set)
 
     def done(self):
         return self._indices.done() and self._values.done()
@@ -268,5 +273,5 @@ class _SparseAllreduce:
         if self._average:
             values = values / self._size
         combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape).coalesce()
-        self._parameter.grad = combined
+        self._finish(combined)
         return combined

@@ -1,5 +1,5 @@
-"""The digits MLP trained with each compression option, one after another in one job, with fixed
-seeds; rank 0 reports each option's test accuracy. A compressor that drops the gradient is the
+"""The digits MLP trained with each compression and averaging option, one after another in one job,
+with fixed seeds; rank 0 reports each option's test accuracy. A compressor that drops the gradient is the
 negative control: the test must see it fail. Usage: torch_convergence.py EPOCHS"""
 
 import json
@@ -22,24 +22,35 @@ class Drop(Compressor):
         return torch.zeros_like(tensor), None
 
 
-OPTIONS = {
-    "none": lambda: rr.Compression.none,
-    "fp16": lambda: rr.Compression.fp16,
-    "bf16": lambda: rr.Compression.bf16,
-    "error-feedback fp16": lambda: rr.Compression.error_feedback(rr.Compression.fp16),
-    "error-feedback bf16": lambda: rr.Compression.error_feedback(rr.Compression.bf16),
-    "PowerSGD rank 1": lambda: rr.PowerSGD(matrix_approximation_rank=1, start_powerSGD_iter=30),
-    "PowerSGD rank 4": lambda: rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=30),
-    "drop (negative control)": lambda: Drop,
+def distributed(compression=rr.Compression.none, staleness=0):
+    return lambda model, local: rr.DistributedOptimizer(local, named_parameters=model.named_parameters(),
+                                                        compression=compression, staleness=staleness)
+
+
+def local_sgd(period):
+    return lambda model, local: rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=period))
+
+
+OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per run)
+    "none": lambda: distributed(),
+    "fp16": lambda: distributed(rr.Compression.fp16),
+    "bf16": lambda: distributed(rr.Compression.bf16),
+    "error-feedback fp16": lambda: distributed(rr.Compression.error_feedback(rr.Compression.fp16)),
+    "error-feedback bf16": lambda: distributed(rr.Compression.error_feedback(rr.Compression.bf16)),
+    "PowerSGD rank 1": lambda: distributed(rr.PowerSGD(matrix_approximation_rank=1, start_powerSGD_iter=30)),
+    "PowerSGD rank 4": lambda: distributed(rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=30)),
+    "top-k 1 % with error feedback": lambda: distributed(rr.Compression.error_feedback(rr.Compression.topk(0.01))),
+    "local SGD H=4": lambda: local_sgd(4),
+    "stale averaging": lambda: distributed(staleness=1),
+    "drop (negative control)": lambda: distributed(Drop),
 }
 
 
-def accuracy(compression, epochs, data):
+def accuracy(make_optimizer, epochs, data):
     train_x, test_x, train_y, test_y = data
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                        named_parameters=model.named_parameters(), compression=compression)
+    optimizer = make_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     for epoch in range(epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
         for start in range(0, len(order) - 63, 64):
@@ -47,6 +58,8 @@ def accuracy(compression, epochs, data):
             optimizer.zero_grad()
             F.cross_entropy(model(train_x[mine]), train_y[mine]).backward()
             optimizer.step()
+    if getattr(optimizer, "_staleness", 0):
+        optimizer.synchronize()  # the last step's average, still in flight
     with torch.no_grad():
         return (model(test_x).argmax(1) == test_y).float().mean().item() * 100
 

@@ -167,6 +167,22 @@ elif mode == "error-feedback":
         trajectory.append(w.detach().clone())
     save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"]})  # by gradient name
 
+elif mode == "topk":
+    # As error-feedback, with the top 10 % (6 of 64) of each corrected gradient sent, gathered.
+    w = torch.zeros(64, requires_grad=True)
+    feedback = rr.Compression.error_feedback(rr.Compression.topk(0.1))
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                        compression=feedback)
+    trajectory, wire = [], []
+    for step in range(4):
+        optimizer.zero_grad()
+        (w * torch.from_numpy(torch_cases.feedback_gradient(rank, step))).sum().backward()
+        before = rr.engine_stats()["bytes"]
+        optimizer.step()
+        wire.append(rr.engine_stats()["bytes"] - before)
+        trajectory.append(w.detach().clone())
+    save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"], "wire": wire})
+
 elif mode == "powersgd-bfloat16":
     # bfloat16 gradients reach the core as float32 copies: the average must come back into them.
     w = torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)
