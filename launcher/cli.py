@@ -21,7 +21,8 @@ from ringreduce.launcher.supervise import Supervisor
 # Variables rrun gives every rank from its own environment (besides -x): ringreduce's knobs, and the
 # settings the fabric, the MPI and the GPU stack read, which a job script sets on the launch node.
 # Never CUDA_VISIBLE_DEVICES (the scheduler assigns GPUs per node), never a name that looks secret.
-FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "I_MPI_", "PMIX_MCA_", "PSM2_", "HCOLL_")
+FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "I_MPI_", "PMIX_MCA_",
+                      "PSM2_", "HCOLL_")
 RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).

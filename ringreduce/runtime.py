@@ -400,8 +400,10 @@ def _install_hooks():
 
 
 def _tell_rrun(line):
-    sys.stderr.buffer.write(line)
+    """To the process's own stderr, which rrun reads, even where sys.stderr has been replaced."""
     sys.stderr.flush()
+    sys.__stderr__.buffer.write(line)
+    sys.__stderr__.flush()
 
 
 def _shutdown_at_exit():

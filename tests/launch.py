@@ -44,6 +44,11 @@ class Job:
 # The two-host test cluster of tests/cluster/up.sh: rrun runs on hosta (inside its network and
 # host-name namespaces) and reaches hostb over ssh, as on a real cluster.
 ON_HOSTA = ["ip", "netns", "exec", "rr-hosta", "unshare", "--uts", "sh", "-c", 'hostname hosta && exec "$0" "$@"']
+# Its hosts share one kernel, so UCX (MPICH's default network module in the wheel) takes them for one
+# machine and moves their data through shared memory, never over the link between them. MPICH's OFI
+# module tells hosts apart by name, as the rest of the job does: shared memory inside a host, TCP
+# across.
+CLUSTER_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
 
 
 def require_cluster(reason):
@@ -102,7 +107,7 @@ def run_job(np, worker, *args, env=None, rrun_args=(), python=sys.executable, ti
             on_cluster=False):
     """Run `worker` on `np` ranks; a hang fails the test at `timeout` seconds, after rrun has been
     asked to end the job (SIGTERM), and anything left of it has been killed."""
-    full_env = dict(os.environ, **(env or {}))
+    full_env = dict(os.environ, **(CLUSTER_ENV if on_cluster else {}), **(env or {}))
     process = subprocess.Popen(
         rrun_command(np, worker, *args, rrun_args=rrun_args, python=python, on_cluster=on_cluster),
         stdout=subprocess.PIPE,

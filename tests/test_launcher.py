@@ -236,7 +236,7 @@ def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
 
 
 def test_forwarded_families_fabric_options_and_no_secrets():
-    environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx",
+    environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx", "MPIR_CVAR_CH4_NETMOD": "ofi",
                "I_MPI_DEBUG": "5", "PMIX_MCA_gds": "hash", "RINGREDUCE_CYCLE_TIME": "2",
                "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SECRET_TOKEN": "x", "HOME": "/root"}
     env = environment((), environ)
@@ -316,3 +316,16 @@ def test_init_names_a_launcher_whose_world_mpi_does_not_see(world, environ, says
     assert (problem is None) == (says is None)
     if says:
         assert problem.format(library="X").startswith(says)
+
+
+@pytest.mark.mpi
+def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
+    """Two unbound ranks share the host's CPUs; a value the user set is kept."""
+    job = run_job(2, "environment.py", "OMP_NUM_THREADS", timeout=60)
+    assert job.returncode == 0, job.stderr[-2000:]
+    allowed = len(os.sched_getaffinity(0))  # the ranks inherit this process's CPUs
+    share = str(max(1, allowed // 2 if allowed == os.cpu_count() else allowed))
+    expected = os.environ.get("OMP_NUM_THREADS", share)
+    assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == [expected, expected]
+    job = run_job(2, "environment.py", "OMP_NUM_THREADS", env={"OMP_NUM_THREADS": "3"}, timeout=60)
+    assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == ["3", "3"]

@@ -272,6 +272,7 @@ class _SparseAllreduce:
         values = self._values.wait()
         if self._average:
             values = values / self._size
-        combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape).coalesce()
+        combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape,
+                                           check_invariants=False).coalesce()
         self._finish(combined)
         return combined
