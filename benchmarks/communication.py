@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch

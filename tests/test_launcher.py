@@ -236,8 +236,8 @@ def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
 
 
 def test_forwarded_families_fabric_options_and_no_secrets():
-    environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx", "MPIR_CVAR_CH4_NETMOD": "ofi",
-               "I_MPI_DEBUG": "5", "PMIX_MCA_gds": "hash", "RINGREDUCE_CYCLE_TIME": "2",
+    environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx",
+               "MPIR_CVAR_CH4_NETMOD": "ofi", "I_MPI_DEBUG": "5", "PMIX_MCA_gds": "hash", "RINGREDUCE_CYCLE_TIME": "2",
                "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SECRET_TOKEN": "x", "HOME": "/root"}
     env = environment((), environ)
     assert env == {k: v for k, v in environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NCCL_SECRET_TOKEN", "HOME")}
