@@ -39,6 +39,9 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/collectives.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
+	$(RRUN) -np $(NP) $(PYTHON) benchmarks/communication.py
+	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/slow_link.sh 1gbit "1 Gbit/s"; \
+		else echo "benchmarks/slow_link.sh skipped: no two-host test cluster (make cluster, as root)"; fi
 	$(RRUN) -np 3 $(PYTHON) benchmarks/process_sets.py
 	$(RRUN) -np 4 $(PYTHON) examples/hybrid_parallel.py --epochs 3
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py

@@ -1,5 +1,9 @@
 """Checkpoints that survive a failing job: written by rank 0 only, atomically, checked on load.
 
+State that differs per rank (a compressor's error-feedback residuals) is kept beside it: every
+rank writes its own file, named with its rank and the job's size, and a job of the same size reads
+its own back; a job of another size finds none and starts that state afresh.
+
 `save` writes the state (any picklable object) to a temporary file in the checkpoint directory,
 fsyncs it, renames it into place and fsyncs the directory, so a checkpoint file either holds a
 whole checkpoint or does not exist; it keeps the newest `keep` files. Each file starts with a
@@ -18,7 +22,7 @@ import tempfile
 
 from ringreduce import runtime
 from ringreduce.errors import CorruptCheckpointError
-from ringreduce.objects import broadcast_object
+from ringreduce.objects import allgather_object, broadcast_object
 
 MAGIC = b"ringreduce checkpoint 1\n"
 _HEADER = struct.Struct("<Q32s")  # payload length, SHA-256 of the payload
@@ -29,16 +33,37 @@ def path_for(directory, step):
     return os.path.join(directory, f"checkpoint-{step:09d}.rr")
 
 
-def save(state, directory, step, keep=3):
+def rank_path_for(directory, step, rank, size):
+    return os.path.join(directory, f"checkpoint-{step:09d}.rank{rank}-of-{size}.rr")
+
+
+def save(state, directory, step, keep=3, rank_state=None):
     """On rank 0: write `state` as the checkpoint of `step` and keep the newest `keep`. Other
-    ranks return at once (call it on every rank, as the state of every rank is the same)."""
+    ranks return at once (call it on every rank, as the state of every rank is the same), unless
+    `rank_state` is given: then every rank writes its own, beside it, and keeps its newest `keep`."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
-    if runtime.active().topology.rank != 0:
+    topology = runtime.active().topology
+    if rank_state is not None:
+        os.makedirs(directory, exist_ok=True)
+        _write(rank_state, rank_path_for(directory, step, topology.rank, topology.size))
+        mine = re.compile(rf"^checkpoint-(\d+)\.rank{topology.rank}-of-\d+\.rr$")
+        for _, old in _checkpoints(directory, mine)[keep:]:
+            os.unlink(old)
+    if topology.rank != 0:
         return None
     os.makedirs(directory, exist_ok=True)
-    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     target = path_for(directory, step)
+    _write(state, target)
+    for _, old in _checkpoints(directory)[keep:]:
+        os.unlink(old)
+    return target
+
+
+def _write(state, target):
+    """`state` into `target`, whole or not at all, durably."""
+    directory = os.path.dirname(target)
+    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as f:
@@ -51,9 +76,6 @@ def save(state, directory, step, keep=3):
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
-    for _, old in _checkpoints(directory)[keep:]:
-        os.unlink(old)
-    return target
 
 
 def load_latest(directory, root_rank=0):
@@ -68,6 +90,28 @@ def load_latest(directory, root_rank=0):
             except CorruptCheckpointError as problem:
                 print(f"ringreduce: skipping checkpoint {path}: {problem}", file=sys.stderr, flush=True)
     return broadcast_object(found, root_rank=root_rank, name=f"checkpoint.load.{directory}")
+
+
+def load_rank_state(directory, step):
+    """This rank's own state saved with checkpoint `step`, where every rank of the job has its
+    own intact (same size as when saved); else None on every rank, and rank 0 says why. Call it on
+    every rank."""
+    topology = runtime.active().topology
+    path, mine, problem = rank_path_for(directory, step, topology.rank, topology.size), None, None
+    try:
+        mine = read(path)
+    except FileNotFoundError:
+        problem = f"no state of rank {topology.rank} of {topology.size} ranks"
+    except CorruptCheckpointError as corrupt:
+        problem = f"{os.path.basename(path)}: {corrupt}"
+    problems = [p for p in allgather_object(problem, name=f"checkpoint.rank_state.{directory}") if p is not None]
+    if problems:
+        if topology.rank == 0:
+            print(f"ringreduce: checkpoint {step} in {directory}: {problems[0]}"
+                  f"{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}; the per-rank state "
+                  "(compression residuals) starts afresh", file=sys.stderr, flush=True)
+        return None
+    return mine
 
 
 def read(path):
@@ -88,11 +132,12 @@ def read(path):
     return pickle.loads(payload)
 
 
-def _checkpoints(directory):
-    """[(step, path)] of the checkpoint files in `directory`, newest first."""
+def _checkpoints(directory, pattern=_NAME):
+    """[(step, path)] of the checkpoint files in `directory` (those `pattern` matches), newest first."""
     if not os.path.isdir(directory):
         return []
-    found = [(int(m[1]), os.path.join(directory, name)) for name in os.listdir(directory) if (m := _NAME.match(name))]
+    found = [(int(m[1]), os.path.join(directory, name)) for name in os.listdir(directory)
+             if (m := pattern.match(name))]
     return sorted(found, reverse=True)
 
 

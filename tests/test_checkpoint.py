@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from launch import run_job
 
@@ -44,3 +45,36 @@ def test_a_killed_rank_restarts_from_the_last_commit_and_ends_where_an_unbroken_
         got, expected = torch.load(broken / f"rank{rank}.pt"), torch.load(unbroken / f"rank{rank}.pt")
         for name, value in expected.items():
             torch.testing.assert_close(got[name], value, rtol=0, atol=0)
+
+
+KINDS = ("error-feedback", "powersgd")
+
+
+def test_compressor_state_is_kept_per_rank_and_a_restart_continues_with_it(tmp_path):
+    """Error-feedback residuals and PowerSGD's state differ per rank: each rank saves its own
+    beside the checkpoint, and a restart of the same size ends bit for bit where an uninterrupted
+    run does. Without the per-rank files the restart says so, starts that state afresh, and ends
+    elsewhere (so the comparison can fail)."""
+    def train(start, out):
+        out.mkdir()
+        job = run_job(2, "torch_compression_restart.py", start, tmp_path / "ck", out, timeout=120)
+        assert job.returncode == 0, job.stderr[-3000:]
+        return job, {(kind, r): torch.load(out / f"{kind}-rank{r}.pt") for kind in KINDS for r in range(2)}
+
+    def same(a, b):
+        return all(torch.equal(a[name], b[name]) for name in a)
+
+    _, through = train("0", tmp_path / "through")
+    for kind in KINDS:
+        assert sorted(p.name for p in (tmp_path / "ck" / kind).iterdir()) == [
+            "checkpoint-000000003.rank0-of-2.rr", "checkpoint-000000003.rank1-of-2.rr", "checkpoint-000000003.rr"]
+    _, resumed = train("restore", tmp_path / "resumed")
+    assert all(same(through[key], resumed[key]) for key in through)
+
+    for kind in KINDS:
+        (tmp_path / "ck" / kind / "checkpoint-000000003.rank1-of-2.rr").unlink()
+    job, afresh = train("restore", tmp_path / "afresh")
+    for kind in KINDS:
+        assert (f"ringreduce: checkpoint 3 in {tmp_path / 'ck' / kind}: no state of rank 1 of 2 ranks; the per-rank "
+                "state (compression residuals) starts afresh") in job.stderr
+        assert not same(through[(kind, 0)], afresh[(kind, 0)])

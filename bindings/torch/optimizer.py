@@ -170,6 +170,17 @@ class _DistributedOptimizer:
         self._passes = dict.fromkeys(self._passes, 0)
         self._synchronized = True
 
+    def compression_state_dict(self):
+        """The compressor's state (error-feedback residuals, PowerSGD's), None where it keeps none.
+        It differs per rank: rr.checkpoint keeps it per rank."""
+        compressor = self._powersgd or self._compression
+        return compressor.state_dict() if callable(getattr(compressor, "state_dict", None)) else None
+
+    def load_compression_state_dict(self, state):
+        """Load what compression_state_dict gave (None: nothing, the compressor stays as it is)."""
+        if state is not None:
+            (self._powersgd or self._compression).load_state_dict(state)
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """For `synchronize()` by hand before step(), e.g. to clip the averaged gradients."""
