@@ -10,6 +10,7 @@ ringreduce.tensorflow.keras.
 """
 
 import ringreduce
+from ringreduce.powersgd import PowerSGD  # noqa: F401
 from ringreduce.tensorflow.compression import Compression  # noqa: F401
 from ringreduce.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.tensorflow.point_to_point import irecv, isend, recv, send  # noqa: F401

@@ -6,6 +6,7 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce.errors import ranks_text
+from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
 from ringreduce.tensorflow.compression import Compression
@@ -41,6 +42,27 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
                                                 postscale_factor=gradient_predivide_factor, name=name,
                                                 process_set=process_set)
         for index, value in zip(present, reduced, strict=True):
+            result[index] = value
+    return result
+
+
+def powersgd_average(powersgd, gradients, labels, process_set=global_process_set):
+    """Gradients averaged by PowerSGD (ringreduce.powersgd) over the ranks of `process_set`, eagerly or
+    as one graph node. It works on float32 or float64 copies of their values (others are cast) and
+    keeps its state per label."""
+    present = [i for i, g in enumerate(gradients) if g is not None]
+    values = [tf.convert_to_tensor(gradients[i]) for i in present]
+
+    def average(arrays, _):
+        named = {labels[i]: np.array(a, dtype=a.dtype if a.dtype in (np.float32, np.float64) else np.float32)
+                 for i, a in zip(present, arrays, strict=True)}
+        powersgd.average(named, process_set)
+        return [averaged.astype(a.dtype, copy=False) for averaged, a in zip(named.values(), arrays, strict=True)]
+
+    result = list(gradients)
+    if values:
+        averaged = tensors.run_on_values("powersgd", "powersgd", values, average, tensors.same_shapes(values))
+        for index, value in zip(present, averaged, strict=True):
             result[index] = value
     return result
 
@@ -86,6 +108,8 @@ class DistributedGradientTape:
         check_groups(num_groups, groups)
         if gradient_predivide_factor != 1.0 and op != core.Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
+        if isinstance(compression, PowerSGD) and op != core.Average:
+            raise ValueError("PowerSGD averages: it takes op=Average")
         self._tape = gradtape
         self.compression, self.op, self.sparse_as_dense = compression, op, sparse_as_dense
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -102,9 +126,13 @@ class DistributedGradientTape:
         shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
         labels = [getattr(s, "path", None) or getattr(s, "name", None) or f"source {i}"
                   for i, s in enumerate(flat_sources)]
-        reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
-                                      self.compression, "DistributedGradientTape", self.sparse_as_dense,
-                                      self.gradient_predivide_factor, self.process_set)
+        if isinstance(self.compression, PowerSGD):
+            reduced = powersgd_average(self.compression, [flat[i] for i in shared], [labels[i] for i in shared],
+                                       self.process_set)
+        else:
+            reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
+                                          self.compression, "DistributedGradientTape", self.sparse_as_dense,
+                                          self.gradient_predivide_factor, self.process_set)
         result = [g / self.process_set.size() if g is not None and self.scale_local_gradients else g for g in flat]
         for index, value in zip(shared, reduced, strict=True):
             result[index] = value

@@ -77,8 +77,8 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
                              grouped)
 
         names = grouped_names(name, len(values)) if grouped else [name]
-        reduced = _differentiable(lambda ts: _compressed(compression, ts, names, lambda ts, engine: _run(
-            "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), _same_shapes(ts))),
+        reduced = _differentiable(lambda ts: _compressed(compression, ts, names, lambda ts, engine: run_on_values(
+            "allreduce", name, ts, lambda arrays, base: collective(arrays, engine, base), same_shapes(ts))),
             backward, values)
         for index, result in zip(dense, reduced, strict=True):
             results[index] = result
@@ -104,7 +104,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
                                       0), tf.shape(v, out_type=tf.int64))
                 for s, rows, v in zip(summed, every_ranks_rows, values, strict=True)]
 
-    return _differentiable(lambda ts: _run("allgather", name, ts, lambda arrays, base: core.grouped_allgather(
+    return _differentiable(lambda ts: run_on_values("allgather", name, ts, lambda arrays, base: core.grouped_allgather(
         tensors=arrays, name=base, process_set=process_set), _rows_unknown(ts)), backward, values)
 
 
@@ -114,10 +114,10 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
         summed = allreduce(upstream[0], op=core.Sum, process_set=process_set)
         return [summed if core.rank() == root_rank else tf.zeros_like(summed)]
 
-    return _differentiable(lambda ts: _run(
+    return _differentiable(lambda ts: run_on_values(
         "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base,
                                                                     process_set=process_set)],
-        _same_shapes(ts)), backward, [_value(tensor)])[0]
+        same_shapes(ts)), backward, [_value(tensor)])[0]
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -134,7 +134,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     equally. With `splits` the result is (tensor, rows received from each rank), as Horovod."""
     values = [_value(tensor)]
     if splits is None:
-        return _differentiable(lambda ts: _run(
+        return _differentiable(lambda ts: run_on_values(
             "alltoall", name, ts, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base,
                                                                       process_set=process_set)],
             _rows_unknown(ts)), lambda upstream: [alltoall(upstream[0], process_set=process_set)], values)[0]
@@ -148,7 +148,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     exchanged = []
 
     def forward(ts):
-        exchanged[:] = _run("alltoall", name, ts + [splits], collective,
+        exchanged[:] = run_on_values("alltoall", name, ts + [splits], collective,
                             _rows_unknown(ts) + [tf.TensorShape([process_set.size()])])
         return exchanged[:1]
 
@@ -195,9 +195,9 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
 
     def forward(ts):
         if in_engine(compression) is wire.Compression.none:
-            return _run("reducescatter", name, ts, collective, _rows_unknown(ts))
+            return run_on_values("reducescatter", name, ts, collective, _rows_unknown(ts))
         packed = wire.compress_all(compression, ts, grouped_names(name, len(ts)))  # the engine's has no cast
-        reduced = _run("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(ts))
+        reduced = run_on_values("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(ts))
         return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
 
     def backward(upstream):
@@ -256,7 +256,7 @@ def _compressed(compression, values, names, run):
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 
 
-def _run(kind, name, values, collective, shapes):
+def run_on_values(kind, name, values, collective, shapes):
     """collective(arrays, name) -> arrays, on the tensors' values: eagerly, or as one graph node
     (named after the first input where no name is given) that runs after the graph's previous
     collective node. Eagerly a ringreduce error is raised as TensorFlow's ops raise theirs too."""
@@ -278,7 +278,7 @@ def _run(kind, name, values, collective, shapes):
     return results
 
 
-def _same_shapes(values):
+def same_shapes(values):
     return [v.shape for v in values]
 
 

@@ -1,5 +1,6 @@
 """Data-parallel TensorFlow training on this rank's shard; saves the final weights.
-Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2)."""
+Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2);
+COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
 import sys
@@ -16,7 +17,11 @@ import ringreduce.tensorflow.keras as rr  # noqa: E402
 import tf_cases  # noqa: E402
 
 rr.init()
-mode, compression, out = sys.argv[1], getattr(rr.Compression, sys.argv[2]), sys.argv[3]
+mode, compression, out = sys.argv[1], sys.argv[2], sys.argv[3]
+if compression == "powersgd":  # a rank that holds every gradient whole: exactly the plain average
+    compression = rr.PowerSGD(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0)
+else:
+    compression = getattr(rr.Compression, compression)
 x, y = (tf_cases.shard(a, rr.rank(), rr.size()) for a in tf_cases.data())
 net = tf_cases.model()
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -42,4 +47,7 @@ else:
     # With k passes per step, k batches of 1/k the rows make one step of the same global batch
     # (their gradients averaged, not summed as Horovod's default).
     net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)
+if isinstance(compression, rr.PowerSGD):
+    assert compression.iteration == tf_cases.STEPS and sorted(compression.qs) == sorted(
+        getattr(v, "path", v.name) for v in net.trainable_variables if len(v.shape) == 2), compression.qs
 np.savez(os.path.join(out, f"rank{rr.rank()}.npz"), *[v.numpy() for v in net.trainable_variables])

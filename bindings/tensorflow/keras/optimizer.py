@@ -1,9 +1,10 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
 import ringreduce as core
+from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
-from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
+from ringreduce.tensorflow.tape import allreduce_gradients, check_groups, powersgd_average
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -20,7 +21,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     (through Keras's own gradient accumulation): their sum, as Horovod's, or their mean with
     `average_aggregated_gradients`. Each batch's gradients are averaged over ranks as they come:
     the same update as Horovod's, with k times its communication.
+
+    `compression=rr.PowerSGD(...)` (ringreduce's) averages each batch's gradients as low-rank
+    products (ringreduce.powersgd), all of them in one step, after backward.
     """
+    powersgd = compression if isinstance(compression, PowerSGD) else None
+    if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
+        raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     check_groups(num_groups, groups)
@@ -36,8 +43,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         """Keras calls this with each batch's gradients before it accumulates or applies them:
         average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
-        grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
-                                    gradient_predivide_factor, process_set)
+        if powersgd is not None:
+            grads = powersgd_average(powersgd, list(grads), labels, process_set)
+        else:
+            grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
+                                        gradient_predivide_factor, process_set)
         grads = [g * summed if g is not None and summed != 1 else g for g in grads]
         return super(distributed, self)._backend_apply_gradients(grads, trainable_variables)
 
