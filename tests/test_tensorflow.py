@@ -47,6 +47,7 @@ def reference():
     ("tape", "bf16", 2e-2),
     ("tape", "powersgd", 1e-4),  # of a rank that holds each gradient whole
     ("fit", "powersgd", 1e-4),
+    ("local-sync", "none", 1e-5),  # the weights of plain SGD averaged after every batch
 ])
 def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, reference, mode, compression, tolerance):
     job = run_job(2, "tf_train.py", mode, compression, tmp_path, timeout=150)
@@ -58,6 +59,17 @@ def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, refere
             np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance)
         if compression in ("fp16", "bf16"):  # the gradients really went through float16 or bfloat16
             assert any(not np.array_equal(v, e) for v, e in zip(weights, reference, strict=True))
+
+
+def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_rank(tmp_path, reference):
+    """5 batches, averaged after batches 0, 2 and 4: the ranks end equal, elsewhere than
+    synchronous SGD."""
+    job = run_job(2, "tf_train.py", "local", "none", tmp_path, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
+    weights = [[got[f"arr_{i}"] for i in range(len(reference))] for got in ranks]
+    assert all(np.array_equal(a, b) for a, b in zip(*weights, strict=True))
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(weights[0], reference, strict=True))
 
 
 @pytest.fixture(scope="module")

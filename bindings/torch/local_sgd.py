@@ -20,6 +20,7 @@ model held at that average, for example Nesterov momentum:
 import collections
 
 import torch
+from ringreduce import local_sgd as schedule
 from ringreduce import ops
 from ringreduce.process_sets import ProcessSet, add_process_set, global_process_set
 from ringreduce.torch import tensors
@@ -29,19 +30,14 @@ class PeriodicModelAverager:
     """Averages parameters every `period` steps from step `warmup_steps` on, over `process_set`."""
 
     def __init__(self, period, warmup_steps=0, process_set=global_process_set, outer_optimizer=None):
-        if period < 1:
-            raise ValueError(f"period must be at least 1, got {period}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be at least 0, got {warmup_steps}")
+        schedule.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.step = 0
         self._outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
 
     def _set_for(self, step):
         """The set this step averages over, or None when it does not average."""
-        if step < self.warmup_steps or (step - self.warmup_steps) % self.period:
-            return None
-        return self.process_set
+        return self.process_set if schedule.averages_after(step, self.period, self.warmup_steps) else None
 
     def average_parameters(self, params):
         """Average `params` (parameters, or param_groups) if this step is one that averages; count

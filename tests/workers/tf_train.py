@@ -1,5 +1,6 @@
 """Data-parallel TensorFlow training on this rank's shard; saves the final weights.
-Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2);
+Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2),
+local-sync and local (LocalSGDCallback, averaging every batch and every second);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -39,6 +40,10 @@ if mode == "tape":
     rows = len(x) // tf_cases.STEPS
     for i in range(tf_cases.STEPS):
         step(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
+elif mode.startswith("local"):  # local-sync: local SGD averaging after every batch; local: every second
+    net.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn)
+    averaging = rr.LocalSGDCallback(period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0)
+    net.fit(x, y, batch_size=tf_cases.BATCH // rr.size(), epochs=1, shuffle=False, verbose=0, callbacks=[averaging])
 else:
     passes = 2 if mode == "fit2" else 1
     net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,

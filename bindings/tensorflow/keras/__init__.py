@@ -13,6 +13,7 @@ from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
+    LocalSGDCallback,
     MetricAverageCallback,
 )
 from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401

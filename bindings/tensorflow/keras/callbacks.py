@@ -4,6 +4,8 @@ import keras
 import numpy as np
 
 import ringreduce as core
+from ringreduce import local_sgd
+from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.tensors import broadcast_
 
 
@@ -108,3 +110,33 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             if self.verbose and core.rank() == 0:
                 print(f"Epoch {epoch + 1}: finished the learning rate warm-up at {self.initial_lr:g}")
         super().on_epoch_end(epoch, logs)
+
+
+class LocalSGDCallback(keras.callbacks.Callback):
+    """Local SGD for Keras (ringreduce's; torch.distributed's schedule, as ringreduce.torch's
+    PeriodicModelAverager): compile the model with the plain optimizer, not DistributedOptimizer,
+    so that every rank steps on its own, and this averages the model's weights over the ranks of
+    `process_set` after every batch of the warm-up and then after every `period`-th batch. With
+    `average_optimizer_state` the optimizer's floating state (momentum, Adam's moments) is averaged
+    with them; averaging weights and SGD's momentum after every batch is the same as averaging the
+    gradients. Start from the same weights (BroadcastGlobalVariablesCallback before this one)."""
+
+    def __init__(self, period, warmup_steps=0, average_optimizer_state=True, process_set=global_process_set):
+        super().__init__()
+        local_sgd.check(period, warmup_steps)
+        self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
+        self.average_optimizer_state = average_optimizer_state
+        self.step = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        step, self.step = self.step, self.step + 1
+        if step >= self.warmup_steps and not local_sgd.averages_after(step, self.period, self.warmup_steps):
+            return
+        variables = list(self.model.variables)
+        optimizer = self.model.optimizer
+        if self.average_optimizer_state and optimizer is not None:
+            variables += [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+        values = [np.array(v.numpy()) for v in variables]
+        core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=self.process_set)
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
