@@ -37,10 +37,21 @@ def check(got, rank, size):
     first = offsets_of(even_counts(5, size))
     np.testing.assert_array_equal(got["reducescatter"], total[first[rank]:first[rank + 1]])
     np.testing.assert_array_equal(got["alltoall"], np.repeat(np.arange(size), 2 * 2).reshape(2 * size, 2))
+    matrices = [low_rank_matrix(r) for r in range(size)]
+    np.testing.assert_allclose(got["powersgd-w"], np.mean(matrices, axis=0), rtol=1e-4, atol=1e-4)
+    vectors = [cases.values(r, "float32", 10) for r in range(size)]
+    np.testing.assert_allclose(got["powersgd-b"], np.mean(vectors, axis=0), rtol=1e-6)
     if "torch-allreduce" in got:
         np.testing.assert_array_equal(got["torch-allreduce"],
                                       np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
         np.testing.assert_array_equal(got["torch-broadcast"], np.zeros((3, 4), np.float32))
+
+
+def low_rank_matrix(rank):
+    """Rank `rank`'s 32 x 24 gradient for PowerSGD: the same rank-2 column space on every rank, so
+    their mean has rank 2 and PowerSGD at rank 2 is exact."""
+    shared = np.random.default_rng(7).standard_normal((32, 2)).astype(np.float32)
+    return shared @ np.random.default_rng(100 + rank).standard_normal((2, 24)).astype(np.float32)
 
 
 def check_mismatch(job):

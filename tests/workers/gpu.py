@@ -8,8 +8,11 @@ import cupy
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gpu_cases  # noqa: E402
+
 import ringreduce as rr  # noqa: E402
 from ringreduce import runtime  # noqa: E402
+from ringreduce.powersgd import PowerSGD  # noqa: E402
 
 import cases  # noqa: E402
 
@@ -62,6 +65,11 @@ out["broadcast_"] = target.get()
 out["reducescatter"] = on_gpu(rr.reducescatter(cupy.asarray(cases.values(rank, "float32", 5 * 3).reshape(5, 3)),
                                                op=rr.Sum))
 out["alltoall"] = on_gpu(rr.alltoall(cupy.asarray(np.full((2 * size, 2), rank, np.int64))))
+# PowerSGD on the GPU, at a rank at which it is exact.
+gradients = {"w": cupy.asarray(gpu_cases.low_rank_matrix(rank)), "b": cupy.asarray(cases.values(rank, "float32", 10))}
+PowerSGD(matrix_approximation_rank=2, start_powerSGD_iter=0).average(gradients)
+for name, array in gradients.items():
+    out[f"powersgd-{name}"] = on_gpu(array)
 
 import torch  # noqa: E402
 

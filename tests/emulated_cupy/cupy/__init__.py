@@ -69,6 +69,20 @@ def array(values, dtype=None, order="C", copy=True):
     return _on_device(np.array(values, dtype=dtype, order=order, copy=True))
 
 
+def matmul(a, b, out=None):
+    return np.matmul(a, b, out=out) if out is not None else _on_device(np.matmul(a, b))
+
+
+def subtract(a, b, out=None):
+    return np.subtract(a, b, out=out) if out is not None else _on_device(np.subtract(a, b))
+
+
+class linalg:  # noqa: N801  (CuPy's module)
+    @staticmethod
+    def qr(array):
+        return tuple(_on_device(factor) for factor in np.linalg.qr(array))
+
+
 def ElementwiseKernel(inputs, outputs, body, name):  # noqa: N802  (CuPy's name)
     if body != "y = (U)((double)x * factor)":
         raise NotImplementedError(f"the emulated CuPy knows only ringreduce's scaled cast, not {body!r}")
