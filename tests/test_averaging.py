@@ -26,6 +26,9 @@ def at(saved, step):
     return {name.split(".", 1)[1]: value for name, value in saved.items() if name.startswith(f"{step}.")}
 
 
+MODEL_BYTES = 4 * sum(p.numel() for p in torch_cases.model().parameters())  # float32
+
+
 def same_bits(a, b):
     return all(torch.equal(a[name], b[name]) for name in a)
 
@@ -118,6 +121,10 @@ def test_local_sgd_averages_every_period_after_the_warm_up(two_ranks, mode):
             assert_close(at(got[rank], step), replicas.state(rank))
         # Identical through the warm-up and right after each average; apart in between.
         assert same_bits(at(got[0], step), at(got[1], step)) == (step < 2 or averages), step
+    # On the wire: the gradients during the warm-up, then the parameters (and with the optimizer
+    # state, as many bytes of momentum) every second step, nothing in between.
+    averaged = MODEL_BYTES * (2 if mode == "local" else 1)
+    assert got[0]["wire"].tolist() == [MODEL_BYTES, MODEL_BYTES, averaged, 0, averaged]
 
 
 def test_hierarchical_local_sgd_averages_pairs_every_step_and_all_every_second(tmp_path):

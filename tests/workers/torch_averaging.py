@@ -43,11 +43,16 @@ mine = slice(rr.rank() * shard, (rr.rank() + 1) * shard)
 for mode in sys.argv[2:]:
     net = torch_cases.model()
     opt = optimizer(mode, net)
-    saved = {}
+    saved, wire = {}, []
     for step in range(torch_cases.STEPS):
+        before = rr.engine_stats()["bytes"]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(inputs[mine]), labels[mine]).backward()
         opt.step()
+        wire.append(rr.engine_stats()["bytes"] - before)
         saved.update({f"{step}.{name}": p.detach().clone() for name, p in net.named_parameters()})
+    if mode == "stale":
+        opt.synchronize()  # the last step's average, still in flight
+    saved["wire"] = torch.tensor(wire)  # bytes this rank put into the engine's collectives, per step
     os.makedirs(os.path.join(out, mode), exist_ok=True)
     torch.save(saved, os.path.join(out, mode, f"rank{rr.rank()}.pt"))
