@@ -5,6 +5,9 @@
 The changes from a single-process script are marked "ringreduce": init, a sampler that gives
 each rank its own shard, the wrapped optimizer, one broadcast so every rank starts from the
 same weights, and averaging the metrics over ranks before rank 0 prints them.
+
+`--communication` trains with one of the options for slow links instead of synchronous averaging
+(docs/communication.md), e.g. `--communication powersgd`.
 """
 
 import argparse
@@ -24,6 +27,10 @@ parser.add_argument("--epochs", type=int, default=12)
 parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--lr", type=float, default=0.02, help="for one rank; scaled by the number of ranks")
 parser.add_argument("--checkpoint", default="checkpoints/pytorch_digits.pt")
+parser.add_argument("--communication", default="synchronous",
+                    choices=["synchronous", "bf16", "powersgd", "topk", "local-sgd", "stale"],
+                    help="bf16 casts, PowerSGD rank 4, top-k 1 %% with error feedback, local SGD averaging "
+                         "every 4 steps, or stale averaging (one step late)")
 args = parser.parse_args()
 
 rr.init()  # ringreduce
@@ -50,7 +57,21 @@ model = torch.nn.Sequential(
 )
 # The global batch grows with the number of ranks, so the learning rate does too.
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * rr.size(), momentum=0.9)
-optimizer = rr.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())  # ringreduce
+
+
+def distributed(optimizer):
+    """ringreduce: the optimizer, averaging over the ranks as --communication says."""
+    if args.communication == "local-sgd":  # each rank steps on its own; the model is averaged every 4 steps
+        return rr.PostLocalSGDOptimizer(optimizer, rr.PeriodicModelAverager(period=4))
+    compression = {"bf16": rr.Compression.bf16,
+                   "powersgd": rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=30),
+                   "topk": rr.Compression.error_feedback(rr.Compression.topk(0.01))}
+    return rr.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                   compression=compression.get(args.communication, rr.Compression.none),
+                                   staleness=1 if args.communication == "stale" else 0)
+
+
+optimizer = distributed(optimizer)
 rr.broadcast_parameters(model.state_dict(), root_rank=0)  # ringreduce
 rr.broadcast_optimizer_state(optimizer, root_rank=0)  # ringreduce
 
@@ -84,6 +105,10 @@ for epoch in range(args.epochs):
         print(f"epoch {epoch + 1:2d}  train loss {loss:.4f}  test accuracy {accuracy:.1f}%  "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
 
+if args.communication == "stale":
+    optimizer.synchronize()  # the last step's average is still in flight: wait for it
+elif args.communication == "local-sgd":  # the replicas differ between averages: end with one model
+    rr.grouped_allreduce_([p.data for p in model.parameters()], name="final_model")
 if rr.rank() == 0:  # one copy of the checkpoint is enough: every rank has the same model
     os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epochs": args.epochs},
