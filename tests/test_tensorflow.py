@@ -19,24 +19,38 @@ pytestmark = pytest.mark.mpi
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
-def single_process_weights():
-    """Plain TensorFlow, one process, the whole batch every step: what 2 ranks must reproduce."""
+def single_process_weights(stale=False):
+    """Plain TensorFlow, one process, the whole batch every step: what 2 ranks must reproduce.
+    `stale`: each step applies the last step's gradients (zeros at the first)."""
     x, y = tf_cases.data()
     net = tf_cases.model()
     optimizer = keras.optimizers.SGD(0.1)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    last = [tf.zeros_like(v) for v in net.trainable_variables]
     for step in range(tf_cases.STEPS):
         rows = slice(step * tf_cases.BATCH, (step + 1) * tf_cases.BATCH)
         with tf.GradientTape() as tape:
             loss = loss_fn(y[rows], net(x[rows]))
         gradients = tape.gradient(loss, net.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
+        applied, last = (last, gradients) if stale else (gradients, None)
+        optimizer.apply_gradients(zip(applied, net.trainable_variables, strict=True))
     return [v.numpy() for v in net.trainable_variables]
 
 
 @pytest.fixture(scope="module")
 def reference():
     return single_process_weights()
+
+
+def test_keras_stale_averaging_applies_the_last_batchs_average(tmp_path, reference):
+    job = run_job(2, "tf_train.py", "fit-stale", "none", tmp_path, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    stale = single_process_weights(stale=True)
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        for i, expected in enumerate(stale):
+            np.testing.assert_allclose(got[f"arr_{i}"], expected, rtol=1e-5, atol=1e-5)
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, reference, strict=True))
 
 
 @pytest.mark.parametrize("mode, compression, tolerance", [

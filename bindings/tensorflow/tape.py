@@ -67,6 +67,28 @@ def powersgd_average(powersgd, gradients, labels, process_set=global_process_set
     return result
 
 
+class StaleAverages:
+    """staleness=1 for Keras: each call starts averaging (copies of) this step's gradients over the
+    ranks of `process_set` in the background and gives the last call's averages, zeros at the first
+    call; eagerly or as one graph node. Every gradient must be present (not None)."""
+
+    def __init__(self, process_set=global_process_set):
+        self.process_set = process_set
+        self._pending = None  # the handle of the last call's averages
+
+    def __call__(self, gradients):
+        if any(g is None for g in gradients):
+            raise ValueError("staleness=1 needs a gradient for every variable; one is None")
+        values = [tf.convert_to_tensor(g) for g in gradients]
+        return tensors.run_on_values("stale", "stale", values, self._exchange, tensors.same_shapes(values))
+
+    def _exchange(self, arrays, _):
+        last = self._pending.wait() if self._pending is not None else [np.zeros_like(a) for a in arrays]
+        self._pending = core.grouped_allreduce_async_([np.array(a) for a in arrays], op=core.Average,
+                                                      name="stale_gradients", process_set=self.process_set)
+        return last
+
+
 def _check_presence(presence, labels, name, ranks):
     """presence[r, i]: whether the set's r-th rank (global rank ranks[r]) has gradient i. Raise
     where ranks disagree."""

@@ -1,6 +1,6 @@
 """Data-parallel TensorFlow training on this rank's shard; saves the final weights.
 Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2),
-local-sync and local (LocalSGDCallback, averaging every batch and every second);
+fit-stale (staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -48,7 +48,8 @@ else:
     passes = 2 if mode == "fit2" else 1
     net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
                                                   backward_passes_per_step=passes,
-                                                  average_aggregated_gradients=True), loss=loss_fn)
+                                                  average_aggregated_gradients=True,
+                                                  staleness=1 if mode == "fit-stale" else 0), loss=loss_fn)
     # With k passes per step, k batches of 1/k the rows make one step of the same global batch
     # (their gradients averaged, not summed as Horovod's default).
     net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)

@@ -4,13 +4,13 @@ import ringreduce as core
 from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
-from ringreduce.tensorflow.tape import allreduce_gradients, check_groups, powersgd_average
+from ringreduce.tensorflow.tape import StaleAverages, allreduce_gradients, check_groups, powersgd_average
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+                         process_set=global_process_set, scale_local_gradients=True, staleness=0):
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -23,11 +23,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     the same update as Horovod's, with k times its communication.
 
     `compression=rr.PowerSGD(...)` (ringreduce's) averages each batch's gradients as low-rank
-    products (ringreduce.powersgd), all of them in one step, after backward.
+    products (ringreduce.powersgd), all of them in one step, after backward. `staleness=1` (also
+    ringreduce's) applies each batch the average of the previous batch's gradients, averaged while
+    this one computed; the first batch applies zeros (docs/communication.md).
     """
     powersgd = compression if isinstance(compression, PowerSGD) else None
     if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
         raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
+    if staleness not in (0, 1):
+        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one step stale), got {staleness!r}")
+    if staleness and (powersgd is not None or op != core.Average or compression is not Compression.none):
+        raise ValueError("staleness=1 averages uncompressed gradients: it takes op=Average and no compression")
+    stale = StaleAverages(process_set) if staleness else None
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     check_groups(num_groups, groups)
@@ -43,7 +50,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         """Keras calls this with each batch's gradients before it accumulates or applies them:
         average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
-        if powersgd is not None:
+        if stale is not None:
+            grads = stale(list(grads))
+        elif powersgd is not None:
             grads = powersgd_average(powersgd, list(grads), labels, process_set)
         else:
             grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
