@@ -142,6 +142,17 @@ def test_a_gradient_missing_on_one_rank_is_an_error_naming_it(misc):
         assert "is None on rank 1 but not on rank 0" in got["none_error"]
 
 
+def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up(misc):
+    kept = []
+    for rank in range(2):
+        values = tf_cases.topk_input(rank)
+        largest = np.argsort(-np.abs(values), axis=None)[:2]
+        kept.append(np.where(np.isin(np.arange(8), largest).reshape(2, 4), values, 0))
+    for got in misc:
+        np.testing.assert_allclose(got["topk"], kept[0] + kept[1], rtol=1e-6)
+        np.testing.assert_allclose(got["topk_graph"], (kept[0] + kept[1]) / 2, rtol=1e-6)
+
+
 def test_importing_ringreduce_does_not_import_tensorflow():
     code = "import sys, ringreduce; ringreduce.allreduce; print('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -27,3 +27,11 @@ def model(seed=0):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16, activation="tanh"),
                              keras.layers.Dense(CLASSES)])
+
+
+def topk_input(rank):
+    """A 2 x 4 tensor whose two largest magnitudes differ by rank (one of them negative)."""
+    values = np.arange(1, 9, dtype=np.float32).reshape(2, 4) / 10
+    values[rank % 2, rank % 4] = -5.0 - rank
+    values[1 - rank % 2, 3] = 4.0
+    return values

@@ -23,10 +23,34 @@ class BF16Compressor(wire.BF16Compressor):
     compress, decompress = _casting(tf.bfloat16)
 
 
+class TopKCompressor(Compressor):
+    """Only the `ratio` of a tensor's entries largest in magnitude travel (at least one), as a
+    tf.IndexedSlices of the flattened tensor, which the ranks gather and add up rather than reduce
+    in place. Wrap it in error feedback (eagerly) so that the rest is sent later, not lost."""
+
+    gathers = True  # what it compresses to is combined by allgather
+
+    def __init__(self, ratio=0.01):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        self.ratio = ratio
+
+    def compress(self, tensor):
+        flat = tf.reshape(tensor, [-1])
+        count = tensor.shape.num_elements()
+        indices = tf.math.top_k(tf.abs(flat), max(1, round(count * self.ratio)), sorted=False).indices
+        return tf.IndexedSlices(tf.gather(flat, indices), indices, dense_shape=[count]), tensor.shape
+
+    def decompress(self, slices, shape):
+        dense = tf.math.unsorted_segment_sum(slices.values, slices.indices, shape.num_elements())
+        return tf.reshape(dense, shape)
+
+
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    topk = TopKCompressor
     error_feedback = wire.ErrorFeedback  # around any of these (on this framework's tensors) or your own
 
 

@@ -61,7 +61,14 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
                                     process_set)
         for index, result in zip(sparse, gathered, strict=True):
             results[index] = result
-    if dense:
+    if dense and getattr(compression, "gathers", False):  # top-k: sparse on the wire, gathered
+        names = grouped_names(name, len(dense)) if grouped else [name]
+        packed = wire.compress_all(compression, [_value(tensors[i]) for i in dense], names)
+        gathered = _gathered_slices([slices for slices, _ in packed], op, prescale_factor, postscale_factor, name,
+                                    process_set)
+        for index, slices, (_, ctx) in zip(dense, gathered, packed, strict=True):
+            results[index] = compression.decompress(slices, ctx)
+    elif dense:
         values = [_value(tensors[i]) for i in dense]
 
         def collective(arrays, engine, base):

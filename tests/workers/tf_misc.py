@@ -87,5 +87,11 @@ try:
 except ValueError as error:
     report["none_error"] = str(error)
 
+# Top-k: 2 of each rank's 8 entries travel, gathered and added up; eagerly and in a tf.function.
+sparse = tf.constant(tf_cases.topk_input(rank))
+report["topk"] = rr.allreduce(sparse, op=rr.Sum, compression=rr.Compression.topk(0.25), name="topk").numpy().tolist()
+report["topk_graph"] = tf.function(lambda t: rr.allreduce(t, compression=rr.Compression.topk(0.25),
+                                                          name="topk.graph"))(sparse).numpy().tolist()
+
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
