@@ -113,6 +113,24 @@ class ErrorFeedback(Compressor):
         self.residuals = dict(state["residuals"])
 
 
+class TopK(Compressor):
+    """Top-k sparsification, the part the frameworks share: only the `ratio` of a tensor's entries
+    largest in magnitude travel (at least one), as indices and values, which the ranks gather and
+    add up rather than reduce in place. Wrap it in error feedback so that the rest is sent later,
+    not lost. Each binding's subclass makes its own sparse form."""
+
+    gathers = True  # what it compresses to is combined by allgather
+
+    def __init__(self, ratio=0.01):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        self.ratio = ratio
+
+    def count(self, size):
+        """How many of `size` entries travel."""
+        return max(1, round(size * self.ratio))
+
+
 class Compression:
     """The compressors, under the names Horovod uses (bf16 and error_feedback are ringreduce's)."""
 

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ringreduce.compression import BFLOAT16, Compression, ErrorFeedback, compress, compress_all
+from ringreduce.compression import BFLOAT16, Compression, ErrorFeedback, TopK, compress, compress_all
 
 
 def test_the_casts_travel_as_their_wire_dtype_and_come_back():
@@ -81,3 +81,12 @@ def test_a_compressor_with_state_per_tensor_needs_names():
     with pytest.raises(ValueError, match="ErrorFeedback keeps state per tensor: give the call a name"):
         compress_all(feedback, [np.ones(2, np.float32)], [None])
     assert [c.dtype for c, _ in compress_all(Compression.fp16, [np.ones(2, np.float32)], [None])] == [np.float16]
+
+
+def test_top_k_sends_at_least_one_entry_and_takes_a_ratio_in_range():
+    assert [TopK(0.01).count(n) for n in (1, 50, 150, 3_145_728)] == [1, 1, 2, 31_457]
+    assert TopK(1).count(7) == 7 and TopK().ratio == 0.01
+    for ratio in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match=rf"ratio must be in \(0, 1\], got {ratio}"):
+            TopK(ratio)
+    assert ErrorFeedback(TopK()).gathers and not ErrorFeedback(Compression.fp16).gathers

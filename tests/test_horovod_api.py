@@ -138,6 +138,9 @@ HOROVOD_TORCH_NAMES = ("Compression", "Average", "Sum", "Adasum", "Min", "Max", 
 EXTENSIONS = {
     ("torch", "join"): SET, ("torch", "broadcast_parameters"): SET, ("torch", "broadcast_optimizer_state"): SET,
     ("torch", "SyncBatchNorm"): SET, ("tensorflow", "join"): SET, ("keras", "join"): SET,
+    # One step stale averaging (docs/communication.md), after every argument of Horovod's.
+    ("torch", "DistributedOptimizer"): "staleness=0", ("tensorflow", "DistributedOptimizer"): "staleness=0",
+    ("keras", "DistributedOptimizer"): "staleness=0",
 }
 
 

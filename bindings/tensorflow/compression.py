@@ -23,22 +23,14 @@ class BF16Compressor(wire.BF16Compressor):
     compress, decompress = _casting(tf.bfloat16)
 
 
-class TopKCompressor(Compressor):
-    """Only the `ratio` of a tensor's entries largest in magnitude travel (at least one), as a
-    tf.IndexedSlices of the flattened tensor, which the ranks gather and add up rather than reduce
-    in place. Wrap it in error feedback (eagerly) so that the rest is sent later, not lost."""
-
-    gathers = True  # what it compresses to is combined by allgather
-
-    def __init__(self, ratio=0.01):
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-        self.ratio = ratio
+class TopKCompressor(wire.TopK):
+    """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is.
+    Error feedback around it works eagerly."""
 
     def compress(self, tensor):
         flat = tf.reshape(tensor, [-1])
         count = tensor.shape.num_elements()
-        indices = tf.math.top_k(tf.abs(flat), max(1, round(count * self.ratio)), sorted=False).indices
+        indices = tf.math.top_k(tf.abs(flat), self.count(count), sorted=False).indices
         return tf.IndexedSlices(tf.gather(flat, indices), indices, dense_shape=[count]), tensor.shape
 
     def decompress(self, slices, shape):

@@ -25,21 +25,12 @@ class BF16Compressor(wire.BF16Compressor):
     compress, decompress = _casting(torch.bfloat16)
 
 
-class TopKCompressor(Compressor):
-    """Only the `ratio` of a tensor's entries largest in magnitude travel (at least one), as
-    indices and values: a sparse tensor, which the ranks gather (allgather) and add up rather
-    than reduce in place. Wrap it in error feedback so that the rest is sent later, not lost."""
-
-    gathers = True  # what it compresses to is combined by allgather
-
-    def __init__(self, ratio=0.01):
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-        self.ratio = ratio
+class TopKCompressor(wire.TopK):
+    """Top-k as a sparse COO tensor of the flattened tensor, gathered (indices and values)."""
 
     def compress(self, tensor):
         flat = tensor.reshape(-1)
-        indices = _largest(flat.detach().abs(), max(1, round(flat.numel() * self.ratio)))
+        indices = _largest(flat.detach().abs(), self.count(flat.numel()))
         return (torch.sparse_coo_tensor(indices.unsqueeze(0), flat[indices], flat.shape, check_invariants=False),
                 tensor.shape)
 
