@@ -61,6 +61,7 @@ VARIANTS = {
     "PowerSGD rank 1": distributed(compression=rr.PowerSGD(matrix_approximation_rank=1, start_powerSGD_iter=2)),
     "PowerSGD rank 4": distributed(compression=rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=2)),
     "top-k 1 % with error feedback": distributed(compression=rr.Compression.error_feedback(rr.Compression.topk(0.01))),
+    "top-k 1 % with DGC's momentum correction": distributed(compression=rr.Compression.dgc(0.01)),
     "local SGD H=4": ours(lambda model, local: rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=4))),
     "stale averaging": distributed(staleness=1),
     "DDP on gloo": ddp(),
@@ -116,11 +117,11 @@ def report(seconds, wire, hosts, args):
     where = f"{rr.size()} ranks on {hosts} host(s)" + (
         f", linked at {args.link}" if args.link else "")
     print(f"Communication-efficient training: the MLP (3.2 M parameters), batch {args.batch_size} per rank, {where}")
-    print(f"{'variant':40s} {'ms/step':>8s} {'x sync':>7s} {'efficiency':>10s} {'MB/step':>9s}")
+    print(f"{'variant':42s} {'ms/step':>8s} {'x sync':>7s} {'efficiency':>10s} {'MB/step':>9s}")
     local, synchronous = seconds["local steps only (no communication)"], seconds["synchronous"]
     for name, value in seconds.items():
         megabytes = "" if name.startswith("DDP") else f"{wire[name] / 1e6:9.3f}"
-        print(f"{name:40s} {value * 1e3:8.1f} {value / synchronous:7.2f} {local / value:10.2f} {megabytes}")
+        print(f"{name:42s} {value * 1e3:8.1f} {value / synchronous:7.2f} {local / value:10.2f} {megabytes}")
     os.makedirs(RESULTS, exist_ok=True)
     suffix = "" if not args.link else "-" + args.link.replace(" ", "").replace("/", "")
     with open(os.path.join(RESULTS, f"communication{suffix}.json"), "w") as f:

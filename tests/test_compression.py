@@ -90,3 +90,21 @@ def test_top_k_sends_at_least_one_entry_and_takes_a_ratio_in_range():
         with pytest.raises(ValueError, match=rf"ratio must be in \(0, 1\], got {ratio}"):
             TopK(ratio)
     assert ErrorFeedback(TopK()).gathers and not ErrorFeedback(Compression.fp16).gathers
+
+
+def test_dgc_sends_the_largest_accumulated_momentum_and_restarts_those_entries():
+    torch = pytest.importorskip("torch")
+    from ringreduce.torch.compression import Compression as TorchCompression
+
+    dgc = TorchCompression.dgc(ratio=0.25, momentum=0.5)  # 1 of 4 entries travels
+    sparse, shape = dgc.compress(torch.tensor([1.0, -4.0, 2.0, 0.5]), "w")
+    assert dgc.decompress(sparse, shape).tolist() == [0.0, -4.0, 0.0, 0.0]
+    assert dgc.velocities["w"].tolist() == dgc.accumulated["w"].tolist() == [1.0, 0.0, 2.0, 0.5]
+    # u = 0.5 u + g = [1.5, 1, 2, 1.25]; v = v + u = [2.5, 1, 4, 1.75]: index 2 travels.
+    sparse, shape = dgc.compress(torch.ones(4), "w")
+    assert dgc.decompress(sparse, shape).tolist() == [0.0, 0.0, 4.0, 0.0]
+    assert dgc.velocities["w"].tolist() == [1.5, 1.0, 0.0, 1.25]
+    assert dgc.accumulated["w"].tolist() == [2.5, 1.0, 0.0, 1.75]
+    restored = TorchCompression.dgc(ratio=0.25, momentum=0.5)
+    restored.load_state_dict(dgc.state_dict())
+    assert restored.accumulated["w"].tolist() == [2.5, 1.0, 0.0, 1.75]

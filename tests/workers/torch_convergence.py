@@ -22,13 +22,17 @@ class Drop(Compressor):
         return torch.zeros_like(tensor), None
 
 
-def distributed(compression=rr.Compression.none, staleness=0):
-    return lambda model, local: rr.DistributedOptimizer(local, named_parameters=model.named_parameters(),
-                                                        compression=compression, staleness=staleness)
+def distributed(compression=rr.Compression.none, staleness=0, momentum=0.9):
+    def make(model):
+        local = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+        return rr.DistributedOptimizer(local, named_parameters=model.named_parameters(), compression=compression,
+                                       staleness=staleness)
+    return make
 
 
 def local_sgd(period):
-    return lambda model, local: rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=period))
+    return lambda model: rr.PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                                  rr.PeriodicModelAverager(period=period))
 
 
 OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per run)
@@ -40,6 +44,9 @@ OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per 
     "PowerSGD rank 1": lambda: distributed(rr.PowerSGD(matrix_approximation_rank=1, start_powerSGD_iter=30)),
     "PowerSGD rank 4": lambda: distributed(rr.PowerSGD(matrix_approximation_rank=4, start_powerSGD_iter=30)),
     "top-k 1 % with error feedback": lambda: distributed(rr.Compression.error_feedback(rr.Compression.topk(0.01))),
+    # DGC: the momentum moves from the optimizer into the compressor, before sparsification.
+    "top-k 1 % with DGC's momentum correction": lambda: distributed(rr.Compression.dgc(0.01, momentum=0.9),
+                                                                    momentum=0.0),
     "local SGD H=4": lambda: local_sgd(4),
     "stale averaging": lambda: distributed(staleness=1),
     "drop (negative control)": lambda: distributed(Drop),
@@ -50,7 +57,7 @@ def accuracy(make_optimizer, epochs, data):
     train_x, test_x, train_y, test_y = data
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    optimizer = make_optimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    optimizer = make_optimizer(model)  # SGD, lr 0.1, momentum 0.9 (DGC's in its compressor)
     for epoch in range(epochs):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
         for start in range(0, len(order) - 63, 64):
