@@ -16,10 +16,22 @@ def train(out, size, *modes):
     return {mode: [torch.load(out / mode / f"rank{rank}.pt") for rank in range(size)] for mode in modes}
 
 
+SIZE = 4  # ranks: hierarchical local SGD averages pairs and all four
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """The options at 2 ranks, in one job."""
-    return train(tmp_path_factory.mktemp("averaging"), 2, "stale", "local", "diloco")
+def trained(tmp_path_factory):
+    """Every option at 4 ranks, in one job."""
+    return train(tmp_path_factory.mktemp("averaging"), SIZE, "stale", "local", "diloco", "hierarchical")
+
+
+def mean_gradients(replicas, replica=None):
+    """The mean over the ranks of their shards' gradients (each on its own replica, or on one)."""
+    return [torch.stack(g).mean(0) for g in zip(*(replicas.gradients(r, replica) for r in range(SIZE)), strict=True)]
+
+
+def same_everywhere(got, step):
+    return all(same_bits(at(got[0], step), at(got[r], step)) for r in range(1, SIZE))
 
 
 def at(saved, step):
@@ -71,42 +83,43 @@ def assert_close(got, expected):
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(two_ranks):
-    got = two_ranks["stale"]
-    replicas, last = Replicas(2), None
+def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(trained):
+    got = trained["stale"]
+    replicas, last = Replicas(SIZE), None
     for step in range(torch_cases.STEPS):
-        averaged = [torch.stack(g).mean(0) for g in zip(replicas.gradients(0), replicas.gradients(1, 0), strict=True)]
+        averaged = mean_gradients(replicas, 0)
         if last is not None:  # the first step applies nothing: no average has arrived
             for p, g in zip(replicas.parameters(0), last, strict=True):
                 p.grad = g
             replicas.opts[0].step()
         last = averaged
-        for rank in range(2):
+        for rank in range(SIZE):
             assert_close(at(got[rank], step), replicas.state(0))
-        assert same_bits(at(got[0], step), at(got[1], step)), step
+        assert same_everywhere(got, step), step
     assert not same_bits(at(got[0], 0), at(got[0], 1))  # it did train
 
 
 @pytest.mark.parametrize("mode", ["local", "diloco"])
-def test_local_sgd_averages_every_period_after_the_warm_up(two_ranks, mode):
-    got = two_ranks[mode]
-    replicas, anchor, outer = Replicas(2), None, None
+def test_local_sgd_averages_every_period_after_the_warm_up(trained, mode):
+    got = trained[mode]
+    replicas, anchor, outer = Replicas(SIZE), None, None
+    everyone = list(range(SIZE))
     for step in range(torch_cases.STEPS):
         if step < 2:  # warm-up: gradients averaged
-            averaged = [torch.stack(g).mean(0) for g in zip(replicas.gradients(0), replicas.gradients(1), strict=True)]
-            for rank in range(2):
+            averaged = mean_gradients(replicas)
+            for rank in everyone:
                 for p, g in zip(replicas.parameters(rank), averaged, strict=True):
                     p.grad = g.clone()
         else:
-            for rank in range(2):
+            for rank in everyone:
                 replicas.gradients(rank)
         for opt in replicas.opts:
             opt.step()
         averages = step >= 2 and step % 2 == 0
         if averages:
-            replicas.average(replicas.parameters, [0, 1])
+            replicas.average(replicas.parameters, everyone)
             if mode == "local":
-                replicas.average(replicas.momenta, [0, 1])
+                replicas.average(replicas.momenta, everyone)
             elif anchor is None:
                 anchor = [p.detach().clone() for p in replicas.parameters(0)]
                 outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True)
@@ -114,21 +127,21 @@ def test_local_sgd_averages_every_period_after_the_warm_up(two_ranks, mode):
                 for a, p in zip(anchor, replicas.parameters(0), strict=True):
                     a.grad = a.detach() - p.detach()
                 outer.step()
-                for rank in range(2):
+                for rank in everyone:
                     for a, p in zip(anchor, replicas.parameters(rank), strict=True):
                         p.data.copy_(a.detach())
-        for rank in range(2):
+        for rank in everyone:
             assert_close(at(got[rank], step), replicas.state(rank))
         # Identical through the warm-up and right after each average; apart in between.
-        assert same_bits(at(got[0], step), at(got[1], step)) == (step < 2 or averages), step
+        assert same_everywhere(got, step) == (step < 2 or averages), step
     # On the wire: the gradients during the warm-up, then the parameters (and with the optimizer
     # state, as many bytes of momentum) every second step, nothing in between.
     averaged = MODEL_BYTES * (2 if mode == "local" else 1)
     assert got[0]["wire"].tolist() == [MODEL_BYTES, MODEL_BYTES, averaged, 0, averaged]
 
 
-def test_hierarchical_local_sgd_averages_pairs_every_step_and_all_every_second(tmp_path):
-    got = train(tmp_path, 4, "hierarchical")["hierarchical"]
+def test_hierarchical_local_sgd_averages_pairs_every_step_and_all_every_second(trained):
+    got = trained["hierarchical"]
     replicas = Replicas(4)
     for step in range(torch_cases.STEPS):
         for rank in range(4):

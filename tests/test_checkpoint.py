@@ -52,29 +52,23 @@ KINDS = ("error-feedback", "powersgd")
 
 def test_compressor_state_is_kept_per_rank_and_a_restart_continues_with_it(tmp_path):
     """Error-feedback residuals and PowerSGD's state differ per rank: each rank saves its own
-    beside the checkpoint, and a restart of the same size ends bit for bit where an uninterrupted
-    run does. Without the per-rank files the restart says so, starts that state afresh, and ends
-    elsewhere (so the comparison can fail)."""
-    def train(start, out):
-        out.mkdir()
-        job = run_job(2, "torch_compression_restart.py", start, tmp_path / "ck", out, timeout=120)
-        assert job.returncode == 0, job.stderr[-3000:]
-        return job, {(kind, r): torch.load(out / f"{kind}-rank{r}.pt") for kind in KINDS for r in range(2)}
+    beside the checkpoint, and a restore of the same size ends bit for bit where an uninterrupted
+    run does. Without a rank's file the restore says so, starts that state afresh on every rank,
+    and ends elsewhere (so the comparison can fail)."""
+    job = run_job(2, "torch_compression_restart.py", tmp_path / "ck", tmp_path, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+
+    def state(kind, which, rank):
+        return torch.load(tmp_path / f"{kind}-{which}-rank{rank}.pt")
 
     def same(a, b):
         return all(torch.equal(a[name], b[name]) for name in a)
 
-    _, through = train("0", tmp_path / "through")
     for kind in KINDS:
-        assert sorted(p.name for p in (tmp_path / "ck" / kind).iterdir()) == [
+        assert (tmp_path / f"{kind}-files.txt").read_text().split() == [
             "checkpoint-000000003.rank0-of-2.rr", "checkpoint-000000003.rank1-of-2.rr", "checkpoint-000000003.rr"]
-    _, resumed = train("restore", tmp_path / "resumed")
-    assert all(same(through[key], resumed[key]) for key in through)
-
-    for kind in KINDS:
-        (tmp_path / "ck" / kind / "checkpoint-000000003.rank1-of-2.rr").unlink()
-    job, afresh = train("restore", tmp_path / "afresh")
-    for kind in KINDS:
+        for rank in range(2):
+            assert same(state(kind, "through", rank), state(kind, "resumed", rank))
+        assert not same(state(kind, "through", 0), state(kind, "afresh", 0))
         assert (f"ringreduce: checkpoint 3 in {tmp_path / 'ck' / kind}: no state of rank 1 of 2 ranks; the per-rank "
                 "state (compression residuals) starts afresh") in job.stderr
-        assert not same(through[(kind, 0)], afresh[(kind, 0)])

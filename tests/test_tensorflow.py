@@ -42,48 +42,54 @@ def reference():
     return single_process_weights()
 
 
-def test_keras_stale_averaging_applies_the_last_batchs_average(tmp_path, reference):
-    job = run_job(2, "tf_train.py", "fit-stale", "none", tmp_path, timeout=150)
-    assert job.returncode == 0, job.stderr[-3000:]
-    stale = single_process_weights(stale=True)
-    for rank in range(2):
-        got = np.load(tmp_path / f"rank{rank}.npz")
-        for i, expected in enumerate(stale):
-            np.testing.assert_allclose(got[f"arr_{i}"], expected, rtol=1e-5, atol=1e-5)
-    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, reference, strict=True))
+# (run, tolerance): each trains 2 ranks with half a batch each, which must equal one process with all.
+EQUAL_TO_ONE_PROCESS = {
+    "tape-none": 1e-5,
+    "fit-none": 1e-5,
+    "fit2-none": 1e-5,  # backward_passes_per_step=2
+    "tape-fp16": 2e-3,
+    "tape-bf16": 2e-2,
+    "tape-powersgd": 1e-4,  # of a rank that holds each gradient whole
+    "fit-powersgd": 1e-4,
+    "local-sync-none": 1e-5,  # the weights of plain SGD averaged after every batch
+}
 
 
-@pytest.mark.parametrize("mode, compression, tolerance", [
-    ("tape", "none", 1e-5),
-    ("fit", "none", 1e-5),
-    ("fit2", "none", 1e-5),  # backward_passes_per_step=2
-    ("tape", "fp16", 2e-3),
-    ("tape", "bf16", 2e-2),
-    ("tape", "powersgd", 1e-4),  # of a rank that holds each gradient whole
-    ("fit", "powersgd", 1e-4),
-    ("local-sync", "none", 1e-5),  # the weights of plain SGD averaged after every batch
-])
-def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, reference, mode, compression, tolerance):
-    job = run_job(2, "tf_train.py", mode, compression, tmp_path, timeout=150)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Every training run of these tests, one after another in one job (TensorFlow starts once)."""
+    out = tmp_path_factory.mktemp("tf_train")
+    runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "fit-stale-none"]  # staleness leaves an average in flight: last
+    job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
-    for rank in range(2):
-        got = np.load(tmp_path / f"rank{rank}.npz")
-        weights = [got[f"arr_{i}"] for i in range(len(reference))]
+    return {run: [[got[f"arr_{i}"] for i in range(len(got.files))] for got in
+                  (np.load(out / run / f"rank{rank}.npz") for rank in range(2))] for run in runs}
+
+
+@pytest.mark.parametrize("run", list(EQUAL_TO_ONE_PROCESS))
+def test_two_ranks_with_half_a_batch_equal_one_process_with_all(trained, reference, run):
+    tolerance = EQUAL_TO_ONE_PROCESS[run]
+    for weights in trained[run]:
         for value, expected in zip(weights, reference, strict=True):
             np.testing.assert_allclose(value, expected, rtol=tolerance, atol=tolerance)
-        if compression in ("fp16", "bf16"):  # the gradients really went through float16 or bfloat16
+        if run.endswith(("fp16", "bf16")):  # the gradients really went through float16 or bfloat16
             assert any(not np.array_equal(v, e) for v, e in zip(weights, reference, strict=True))
 
 
-def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_rank(tmp_path, reference):
+def test_keras_stale_averaging_applies_the_last_batchs_average(trained, reference):
+    stale = single_process_weights(stale=True)
+    for weights in trained["fit-stale-none"]:
+        for value, expected in zip(weights, stale, strict=True):
+            np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, reference, strict=True))
+
+
+def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_rank(trained, reference):
     """5 batches, averaged after batches 0, 2 and 4: the ranks end equal, elsewhere than
     synchronous SGD."""
-    job = run_job(2, "tf_train.py", "local", "none", tmp_path, timeout=150)
-    assert job.returncode == 0, job.stderr[-3000:]
-    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
-    weights = [[got[f"arr_{i}"] for i in range(len(reference))] for got in ranks]
-    assert all(np.array_equal(a, b) for a, b in zip(*weights, strict=True))
-    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(weights[0], reference, strict=True))
+    first, second = trained["local-none"]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(first, reference, strict=True))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
-"""Data-parallel TensorFlow training on this rank's shard; saves the final weights.
-Usage: tf_train.py MODE COMPRESSION OUT_DIR, MODE one of tape, fit, fit2 (backward_passes_per_step=2),
-fit-stale (staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second);
+"""Data-parallel TensorFlow training on this rank's shard, one run after another in one job; saves
+each run's final weights to OUT_DIR/RUN/rank{r}.npz. Usage: tf_train.py OUT_DIR RUN...
+
+A RUN is MODE-COMPRESSION: MODE one of tape, fit, fit2 (backward_passes_per_step=2), fit-stale
+(staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -18,42 +20,55 @@ import ringreduce.tensorflow.keras as rr  # noqa: E402
 import tf_cases  # noqa: E402
 
 rr.init()
-mode, compression, out = sys.argv[1], sys.argv[2], sys.argv[3]
-if compression == "powersgd":  # a rank that holds every gradient whole: exactly the plain average
-    compression = rr.PowerSGD(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0)
-else:
-    compression = getattr(rr.Compression, compression)
-x, y = (tf_cases.shard(a, rr.rank(), rr.size()) for a in tf_cases.data())
-net = tf_cases.model()
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-if mode == "tape":
-    optimizer = keras.optimizers.SGD(0.1)
 
-    @tf.function
-    def step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, net(features))
-        gradients = rr.DistributedGradientTape(tape, compression=compression).gradient(loss, net.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
+def compressor(name):
+    if name == "powersgd":  # a rank that holds every gradient whole: exactly the plain average
+        return rr.PowerSGD(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0)
+    return getattr(rr.Compression, name)
 
-    rows = len(x) // tf_cases.STEPS
-    for i in range(tf_cases.STEPS):
-        step(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
-elif mode.startswith("local"):  # local-sync: local SGD averaging after every batch; local: every second
-    net.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn)
-    averaging = rr.LocalSGDCallback(period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0)
-    net.fit(x, y, batch_size=tf_cases.BATCH // rr.size(), epochs=1, shuffle=False, verbose=0, callbacks=[averaging])
-else:
-    passes = 2 if mode == "fit2" else 1
-    net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
-                                                  backward_passes_per_step=passes,
-                                                  average_aggregated_gradients=True,
-                                                  staleness=1 if mode == "fit-stale" else 0), loss=loss_fn)
-    # With k passes per step, k batches of 1/k the rows make one step of the same global batch
-    # (their gradients averaged, not summed as Horovod's default).
-    net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)
-if isinstance(compression, rr.PowerSGD):
-    assert compression.iteration == tf_cases.STEPS and sorted(compression.qs) == sorted(
-        getattr(v, "path", v.name) for v in net.trainable_variables if len(v.shape) == 2), compression.qs
-np.savez(os.path.join(out, f"rank{rr.rank()}.npz"), *[v.numpy() for v in net.trainable_variables])
+
+def train(mode, compression):
+    x, y = (tf_cases.shard(a, rr.rank(), rr.size()) for a in tf_cases.data())
+    net = tf_cases.model()
+    if mode == "tape":
+        optimizer = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, net(features))
+            gradients = rr.DistributedGradientTape(tape, compression=compression).gradient(
+                loss, net.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, net.trainable_variables, strict=True))
+
+        rows = len(x) // tf_cases.STEPS
+        for i in range(tf_cases.STEPS):
+            step(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
+    elif mode.startswith("local"):  # local-sync: local SGD averaging after every batch; local: every second
+        net.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn)
+        averaging = rr.LocalSGDCallback(period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0)
+        net.fit(x, y, batch_size=tf_cases.BATCH // rr.size(), epochs=1, shuffle=False, verbose=0,
+                callbacks=[averaging])
+    else:
+        passes = 2 if mode == "fit2" else 1
+        net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
+                                                      backward_passes_per_step=passes,
+                                                      average_aggregated_gradients=True,
+                                                      staleness=1 if mode == "fit-stale" else 0), loss=loss_fn)
+        # With k passes per step, k batches of 1/k the rows make one step of the same global batch
+        # (their gradients averaged, not summed as Horovod's default).
+        net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)
+    if isinstance(compression, rr.PowerSGD):
+        assert compression.iteration == tf_cases.STEPS and sorted(compression.qs) == sorted(
+            getattr(v, "path", v.name) for v in net.trainable_variables if len(v.shape) == 2), compression.qs
+    return [v.numpy() for v in net.trainable_variables]
+
+
+out = sys.argv[1]
+for run in sys.argv[2:]:
+    mode, compression = run.rsplit("-", 1)
+    weights = train(mode, compressor(compression))
+    os.makedirs(os.path.join(out, run), exist_ok=True)
+    np.savez(os.path.join(out, run, f"rank{rr.rank()}.npz"), *weights)
