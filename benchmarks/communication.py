@@ -8,7 +8,7 @@ steps with no communication at all (the best any option can do: the efficiency's
 
 The variants run in rounds, each round in a rotated order; a variant's time is the median of its
 rounds' mean step times (local SGD's rounds hold whole periods). Bytes are what this rank put into
-the engine's collectives per step, over all rounds (ringreduce's variants). Writes
+the engine's collectives per step in one more, untimed round (ringreduce's variants). Writes
 benchmarks/results/communication[-LINK].json.
 """
 
@@ -38,8 +38,10 @@ def ours(make_optimizer):
 
 
 def distributed(**options):
-    return ours(lambda model, local: rr.DistributedOptimizer(local, named_parameters=model.named_parameters(),
-                                                             **options))
+    build = ours(lambda model, local: rr.DistributedOptimizer(local, named_parameters=model.named_parameters(),
+                                                              **options))
+    build.leaves_in_flight = options.get("staleness", 0) == 1  # its last step's average, after a round
+    return build
 
 
 def ddp(hook_rank=None):
@@ -83,33 +85,40 @@ def main():
     data, target = torch.randn(args.batch_size, 3, 32, 32), torch.randint(0, 10, (args.batch_size,))
     torch.manual_seed(1)
     model = mlp()
-    steppers = {name: stepper(*build(copy.deepcopy(model)), data, target) for name, build in VARIANTS.items()}
+    steppers = {name: stepper(*build(copy.deepcopy(model)), data, target, getattr(build, "leaves_in_flight", False))
+                for name, build in VARIANTS.items()}
     seconds = {name: [] for name in VARIANTS}
-    wire = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for round_ in range(args.rounds):
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             rr.barrier()
-            before = rr.engine_stats()["bytes"]
             start = time.perf_counter()
             for _ in range(args.steps_per_round):
                 steppers[name]()
             seconds[name].append((time.perf_counter() - start) / args.steps_per_round)
-            wire[name].append((rr.engine_stats()["bytes"] - before) / args.steps_per_round)
+    wire = {}  # untimed: one round each, with nothing in flight before or after it
+    for name, step in steppers.items():
+        step.finish()
+        before = rr.engine_stats()["bytes"]
+        for _ in range(args.steps_per_round):
+            step()
+        step.finish()
+        wire[name] = (rr.engine_stats()["bytes"] - before) / args.steps_per_round
     slowest = {name: rr.allreduce(torch.tensor([statistics.median(s)], dtype=torch.float64), op=rr.Max,
                                   name=f"seconds.{name}").item() for name, s in seconds.items()}
     hosts = len(set(rr.allgather_object(os.uname().nodename)))
     if rr.rank() == 0:
-        report(slowest, {name: statistics.mean(w) for name, w in wire.items()}, hosts, args)
+        report(slowest, wire, hosts, args)
 
 
-def stepper(model, optimizer, data, target):
+def stepper(model, optimizer, data, target, leaves_in_flight):
     def step():
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
     for _ in range(4):  # warm-up, past PowerSGD's plain steps
         step()
+    step.finish = optimizer.synchronize if leaves_in_flight else lambda: None  # waits for what is in flight
     return step
 
 
