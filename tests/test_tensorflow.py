@@ -59,7 +59,8 @@ EQUAL_TO_ONE_PROCESS = {
 def trained(tmp_path_factory):
     """Every training run of these tests, one after another in one job (TensorFlow starts once)."""
     out = tmp_path_factory.mktemp("tf_train")
-    runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "fit-stale-none"]  # staleness leaves an average in flight: last
+    runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none",
+            "fit-stale-none"]  # staleness leaves an average in flight: last
     job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
     return {run: [[got[f"arr_{i}"] for i in range(len(got.files))] for got in
@@ -90,6 +91,18 @@ def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_
     first, second = trained["local-none"]
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(first, reference, strict=True))
+
+
+def test_keras_local_sgd_with_an_outer_optimizer_steps_from_the_last_average(trained):
+    """An outer SGD of rate 1 moves its copy exactly to each average: plain local SGD again. DiLoCo's
+    outer Nesterov ends elsewhere, the same on every rank."""
+    plain = trained["local-none"][0]
+    for weights in trained["local-outer1-none"]:
+        for value, expected in zip(weights, plain, strict=True):
+            np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-6)
+    first, second = trained["local-diloco-none"]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(first, plain, strict=True))
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 each run's final weights to OUT_DIR/RUN/rank{r}.npz. Usage: tf_train.py OUT_DIR RUN...
 
 A RUN is MODE-COMPRESSION: MODE one of tape, fit, fit2 (backward_passes_per_step=2), fit-stale
-(staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second);
+(staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second),
+local-outer1 and local-diloco (local, with an outer SGD of rate 1, and DiLoCo's outer Nesterov);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -48,7 +49,10 @@ def train(mode, compression):
             step(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows])
     elif mode.startswith("local"):  # local-sync: local SGD averaging after every batch; local: every second
         net.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn)
-        averaging = rr.LocalSGDCallback(period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0)
+        outer = {"local-outer1": keras.optimizers.SGD(1.0),  # moves the copy exactly to the average
+                 "local-diloco": keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)}.get(mode)
+        averaging = rr.LocalSGDCallback(period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0,
+                                        outer_optimizer=outer)
         net.fit(x, y, batch_size=tf_cases.BATCH // rr.size(), epochs=1, shuffle=False, verbose=0,
                 callbacks=[averaging])
     else:

@@ -119,14 +119,22 @@ class LocalSGDCallback(keras.callbacks.Callback):
     `process_set` after every batch of the warm-up and then after every `period`-th batch. With
     `average_optimizer_state` the optimizer's floating state (momentum, Adam's moments) is averaged
     with them; averaging weights and SGD's momentum after every batch is the same as averaging the
-    gradients. Start from the same weights (BroadcastGlobalVariablesCallback before this one)."""
+    gradients. Start from the same weights (BroadcastGlobalVariablesCallback before this one).
 
-    def __init__(self, period, warmup_steps=0, average_optimizer_state=True, process_set=global_process_set):
+    `outer_optimizer` (a Keras optimizer, e.g. SGD(0.7, momentum=0.9, nesterov=True): DiLoCo) makes
+    each average after the warm-up a step of its own on the trainable weights, as ringreduce.torch's
+    PeriodicModelAverager does: a copy of them as of the last average moves along the ranks' mean
+    change since then; the first average only sets the copy."""
+
+    def __init__(self, period, warmup_steps=0, average_optimizer_state=True, process_set=global_process_set,
+                 outer_optimizer=None):
         super().__init__()
         local_sgd.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.average_optimizer_state = average_optimizer_state
+        self.outer_optimizer = outer_optimizer
         self.step = 0
+        self._anchor = None  # with an outer optimizer: the trainable weights as of the last average
 
     def on_train_batch_end(self, batch, logs=None):
         step, self.step = self.step, self.step + 1
@@ -140,3 +148,14 @@ class LocalSGDCallback(keras.callbacks.Callback):
         core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=self.process_set)
         for variable, value in zip(variables, values, strict=True):
             variable.assign(value)
+        if self.outer_optimizer is not None and step >= self.warmup_steps:
+            self._outer_step(self.model.trainable_variables)
+
+    def _outer_step(self, trainable):
+        if self._anchor is None:
+            self._anchor = [keras.Variable(v.numpy(), name=f"anchor_{i}") for i, v in enumerate(trainable)]
+            return
+        change = [anchor.numpy() - v.numpy() for anchor, v in zip(self._anchor, trainable, strict=True)]
+        self.outer_optimizer.apply_gradients(zip(change, self._anchor, strict=True))
+        for anchor, variable in zip(self._anchor, trainable, strict=True):
+            variable.assign(anchor.numpy())
