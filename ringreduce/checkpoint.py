@@ -44,15 +44,16 @@ def save(state, directory, step, keep=3, rank_state=None):
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     topology = runtime.active().topology
+    if rank_state is None and topology.rank != 0:
+        return None
+    os.makedirs(directory, exist_ok=True)
     if rank_state is not None:
-        os.makedirs(directory, exist_ok=True)
         _write(rank_state, rank_path_for(directory, step, topology.rank, topology.size))
         mine = re.compile(rf"^checkpoint-(\d+)\.rank{topology.rank}-of-\d+\.rr$")
         for _, old in _checkpoints(directory, mine)[keep:]:
             os.unlink(old)
     if topology.rank != 0:
         return None
-    os.makedirs(directory, exist_ok=True)
     target = path_for(directory, step)
     _write(state, target)
     for _, old in _checkpoints(directory)[keep:]:

@@ -327,5 +327,7 @@ def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
     share = str(max(1, allowed // 2 if allowed == os.cpu_count() else allowed))
     expected = os.environ.get("OMP_NUM_THREADS", share)
     assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == [expected, expected]
+    if "OMP_NUM_THREADS" not in os.environ:  # together, no more threads than the CPUs they may use
+        assert 2 * int(expected) <= allowed or expected == "1"
     job = run_job(2, "environment.py", "OMP_NUM_THREADS", env={"OMP_NUM_THREADS": "3"}, timeout=60)
     assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == ["3", "3"]

@@ -29,10 +29,12 @@ class TopKCompressor(wire.TopK):
     """Top-k as a sparse COO tensor of the flattened tensor, gathered (indices and values)."""
 
     def compress(self, tensor):
-        flat = tensor.reshape(-1)
+        return self._sparse(tensor.reshape(-1))[0], tensor.shape
+
+    def _sparse(self, flat):
+        """(the sparse tensor of `flat`'s largest entries, their indices)."""
         indices = _largest(flat.detach().abs(), self.count(flat.numel()))
-        return (torch.sparse_coo_tensor(indices.unsqueeze(0), flat[indices], flat.shape, check_invariants=False),
-                tensor.shape)
+        return torch.sparse_coo_tensor(indices.unsqueeze(0), flat[indices], flat.shape, check_invariants=False), indices
 
     def decompress(self, tensor, shape):
         return tensor.to_dense().reshape(shape)
@@ -58,11 +60,10 @@ class DGCCompressor(TopKCompressor):
         accumulated = self.accumulated.get(name)
         accumulated = velocity.clone() if accumulated is None else accumulated.add_(velocity)
         self.velocities[name], self.accumulated[name] = velocity, accumulated
-        sparse, shape = super().compress(accumulated)
-        sent = sparse._indices()[0]
+        sparse, sent = self._sparse(accumulated.view(-1))
         velocity.view(-1)[sent] = 0
         accumulated.view(-1)[sent] = 0
-        return sparse, shape
+        return sparse, tensor.shape
 
     def state_dict(self):
         return {"velocities": dict(self.velocities), "accumulated": dict(self.accumulated)}

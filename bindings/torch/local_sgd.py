@@ -41,16 +41,16 @@ class PeriodicModelAverager:
 
     def average_parameters(self, params):
         """Average `params` (parameters, or param_groups) if this step is one that averages; count
-        the step. Returns whether it averaged."""
+        the step. Returns the process set it averaged over, None when it did not."""
         process_set = self._set_for(self.step)
         self.step += 1
         if process_set is None:
-            return False
+            return None
         parameters = _parameters(params)
         _average([p.data for p in parameters], process_set, "local_sgd.parameters")
         if self._outer is not None:
             self._outer.step(parameters)
-        return True
+        return process_set
 
 
 class HierarchicalModelAverager(PeriodicModelAverager):
@@ -113,12 +113,12 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
                 gradients.append(parameter.grad)
             _average(gradients, self.averager.process_set, "local_sgd.gradients")
         loss = self.optim.step(closure)
-        step = self.averager.step
-        if self.averager.average_parameters(self.param_groups) and self.average_optimizer_state:
+        averaged_over = self.averager.average_parameters(self.param_groups)
+        if averaged_over is not None and self.average_optimizer_state:
             states = [self.optim.state[p] for p in _parameters(self.param_groups)]
             floating = [value for state in states for _, value in sorted(state.items())
                         if torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0]
-            _average(floating, self.averager._set_for(step), "local_sgd.optimizer_state")
+            _average(floating, averaged_over, "local_sgd.optimizer_state")
         return loss
 
     def zero_grad(self, set_to_none=True):

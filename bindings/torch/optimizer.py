@@ -34,9 +34,9 @@ class _DistributedOptimizer:
         if staleness and self._powersgd is not None:
             raise ValueError("staleness=1 does not combine with PowerSGD, whose averaging waits for the whole backward")
         self._staleness = staleness
-        self._in_flight = {}  # with staleness: parameter -> handle of the last step's allreduce (None: arrived)
-        self._buffers = {}  # with staleness: parameter -> two buffers, one in flight, one applied
-        self._parity = 0  # which of the two buffers this step's gradients are averaged in
+        # With staleness: parameter -> (handle or None once arrived, gradient) of the last step's
+        # allreduce, in place in the gradient tensor that step's backward made.
+        self._in_flight = {}
         self._stale_ready = False  # whether the last synchronize() put an average into the gradients
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
@@ -69,12 +69,14 @@ class _DistributedOptimizer:
             self._handles[parameter] = self._allreduce(parameter)
 
     def _allreduce(self, parameter):
-        """Start averaging `parameter.grad` in place, or with staleness a copy of it (this step's
-        buffer), once the last step's average of that parameter has arrived: the engine casts for the
+        """Start averaging `parameter.grad` in place (with staleness, once the last step's average of
+        that parameter has arrived: one request per name in flight): the engine casts for the
         built-in compressions, a compressor of the user's own runs around the allreduce; a sparse
         gradient is gathered (indices and values, as Horovod), unless sparse_as_dense makes it dense
         first."""
         name = self._names[parameter]
+        if self._staleness:
+            self._last_step_arrived(parameter)
         if parameter.grad.is_sparse:
             if not self._sparse_as_dense:
                 if self._staleness:
@@ -82,7 +84,7 @@ class _DistributedOptimizer:
                 return _SparseAllreduce(parameter.grad, name, self._op, self._process_set,
                                         lambda combined: setattr(parameter, "grad", combined))
             parameter.grad = parameter.grad.to_dense()
-        target = self._stale_buffer(parameter) if self._staleness else parameter.grad
+        target = parameter.grad
         if self._engine_compression is not None:
             return tensors.engine_allreduce_async_(target, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
@@ -94,17 +96,13 @@ class _DistributedOptimizer:
                                                 process_set=self._process_set)
         return tensors.Handle(handle, lambda result: target.copy_(self._compression.decompress(result, ctx)))
 
-    def _stale_buffer(self, parameter):
-        """This step's buffer of `parameter`, holding a copy of its gradient, once the last step's
-        average in it has arrived (the hook of the same parameter one step later: long done)."""
-        if self._in_flight.get(parameter) is not None:
-            self._in_flight[parameter].wait()
-            self._in_flight[parameter] = None  # arrived; still to be applied at this step
-        if parameter not in self._buffers:
-            self._buffers[parameter] = (torch.empty_like(parameter.grad), torch.empty_like(parameter.grad))
-        buffer = self._buffers[parameter][self._parity]
-        buffer.copy_(parameter.grad)
-        return buffer
+    def _last_step_arrived(self, parameter):
+        """Wait for the last step's average of `parameter` (asked one step later: long done); it is
+        applied at this step's step()."""
+        handle, gradient = self._in_flight.get(parameter, (None, None))
+        if handle is not None:
+            handle.wait()
+            self._in_flight[parameter] = (None, gradient)
 
     def synchronize(self):
         """Wait until every gradient of this step is averaged over the ranks (with staleness=1:
@@ -137,19 +135,17 @@ class _DistributedOptimizer:
         self._synchronized = True
 
     def _take_last_steps_averages(self):
-        """staleness=1: the last step's averages become the gradients; this step's stay in flight
-        (into the other buffers) until the next step needs them."""
-        last, self._in_flight, self._handles = self._in_flight, self._handles, {}
-        applied = 1 - self._parity
+        """staleness=1: the last step's averages become the gradients; this step's stay in flight,
+        in the gradient tensors its backward made, until the next step needs them."""
+        last = self._in_flight
+        self._in_flight = {parameter: (handle, parameter.grad) for parameter, handle in self._handles.items()}
+        self._handles = {}
         for parameter in self._ordered:
-            if parameter in last:
-                if last[parameter] is not None:
-                    last[parameter].wait()
-                parameter.grad = self._buffers[parameter][applied]
-            else:
-                parameter.grad = None
+            handle, gradient = last.get(parameter, (None, None))
+            if handle is not None:
+                handle.wait()
+            parameter.grad = gradient
         self._stale_ready = bool(last)
-        self._parity ^= 1
 
     def _average_low_rank(self, present, anywhere):
         """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
@@ -201,7 +197,7 @@ class _DistributedOptimizer:
         if not self._stale_ready:  # the first step: no average has arrived yet
             return None
         result = super().step(closure)
-        for parameter in self._ordered:  # the buffers are the next step's; the gradients are spent
+        for parameter in self._ordered:  # spent; the next backward makes new ones
             parameter.grad = None
         return result
 
