@@ -66,6 +66,7 @@ VARIANTS = {
     "top-k 1 % with DGC's momentum correction": distributed(compression=rr.Compression.dgc(0.01)),
     "local SGD H=4": ours(lambda model, local: rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=4))),
     "stale averaging": distributed(staleness=1),
+    "stale averaging without weight prediction": distributed(staleness=1, weight_prediction=False),
     "DDP on gloo": ddp(),
     "DDP on gloo, PowerSGD hook rank 4": ddp(hook_rank=4),
 }

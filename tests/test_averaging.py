@@ -22,7 +22,8 @@ SIZE = 4  # ranks: hierarchical local SGD averages pairs and all four
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Every option at 4 ranks, in one job."""
-    return train(tmp_path_factory.mktemp("averaging"), SIZE, "stale", "local", "diloco", "hierarchical")
+    return train(tmp_path_factory.mktemp("averaging"), SIZE, "stale", "stale-plain", "stale-loaded",
+                 "local", "diloco", "hierarchical")
 
 
 def mean_gradients(replicas, replica=None):
@@ -83,20 +84,44 @@ def assert_close(got, expected):
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(trained):
-    got = trained["stale"]
+@pytest.mark.parametrize("mode", ["stale", "stale-plain", "stale-loaded"])
+def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(trained, mode):
+    """The gradients of step t (taken at the weights step t-1 predicted, with prediction) are applied
+    at step t+1 to the true weights; after each step the parameters hold the next prediction. Weights
+    loaded between steps are the true weights from there on."""
+    got = trained[mode]
     replicas, last = Replicas(SIZE), None
+    parameters = replicas.parameters(0)
+    true = [p.detach().clone() for p in parameters]
     for step in range(torch_cases.STEPS):
+        if mode == "stale-loaded" and step == 3:
+            with torch.no_grad():
+                for p, w, loaded in zip(parameters, true, at(got[0], 1).values(), strict=True):
+                    p.copy_(loaded)
+                    w.copy_(loaded)
         averaged = mean_gradients(replicas, 0)
+        with torch.no_grad():
+            for p, w in zip(parameters, true, strict=True):
+                p.copy_(w)
         if last is not None:  # the first step applies nothing: no average has arrived
-            for p, g in zip(replicas.parameters(0), last, strict=True):
+            for p, g in zip(parameters, last, strict=True):
                 p.grad = g
             replicas.opts[0].step()
         last = averaged
+        with torch.no_grad():
+            for p, w in zip(parameters, true, strict=True):
+                before = w.clone()
+                w.copy_(p)
+                if mode != "stale-plain":
+                    p.mul_(2).sub_(before)
         for rank in range(SIZE):
             assert_close(at(got[rank], step), replicas.state(0))
         assert same_everywhere(got, step), step
-    assert not same_bits(at(got[0], 0), at(got[0], 1))  # it did train
+    assert not same_bits(at(got[0], 0), at(got[0], 2))  # it did train
+    other = "stale-plain" if mode == "stale" else "stale"
+    assert not same_bits(at(got[0], 3), at(trained[other][0], 3))  # prediction changes the path
+    for rank in range(SIZE):  # synchronize() after the last step puts the true weights back
+        assert_close(at(got[rank], "final"), dict(zip(at(got[rank], 0), true, strict=True)))
 
 
 @pytest.mark.parametrize("mode", ["local", "diloco"])

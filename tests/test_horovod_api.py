@@ -139,8 +139,8 @@ EXTENSIONS = {
     ("torch", "join"): SET, ("torch", "broadcast_parameters"): SET, ("torch", "broadcast_optimizer_state"): SET,
     ("torch", "SyncBatchNorm"): SET, ("tensorflow", "join"): SET, ("keras", "join"): SET,
     # One step stale averaging (docs/communication.md), after every argument of Horovod's.
-    ("torch", "DistributedOptimizer"): "staleness=0", ("tensorflow", "DistributedOptimizer"): "staleness=0",
-    ("keras", "DistributedOptimizer"): "staleness=0",
+    **{(binding, "DistributedOptimizer"): "staleness=0, weight_prediction=True"
+       for binding in ("torch", "tensorflow", "keras")},
 }
 
 

@@ -19,21 +19,30 @@ pytestmark = pytest.mark.mpi
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
-def single_process_weights(stale=False):
+def single_process_weights(stale=False, predict=False):
     """Plain TensorFlow, one process, the whole batch every step: what 2 ranks must reproduce.
-    `stale`: each step applies the last step's gradients (zeros at the first)."""
+    `stale`: each step applies the last step's gradients (zeros at the first); `predict`: the
+    weights are left one more update ahead after each step, and taken back before the next."""
     x, y = tf_cases.data()
     net = tf_cases.model()
     optimizer = keras.optimizers.SGD(0.1)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     last = [tf.zeros_like(v) for v in net.trainable_variables]
+    updates = [tf.zeros_like(v) for v in net.trainable_variables]
     for step in range(tf_cases.STEPS):
         rows = slice(step * tf_cases.BATCH, (step + 1) * tf_cases.BATCH)
         with tf.GradientTape() as tape:
             loss = loss_fn(y[rows], net(x[rows]))
         gradients = tape.gradient(loss, net.trainable_variables)
         applied, last = (last, gradients) if stale else (gradients, None)
+        for variable, update in zip(net.trainable_variables, updates, strict=True):
+            variable.assign_sub(update)
+        before = [tf.identity(v) for v in net.trainable_variables]
         optimizer.apply_gradients(zip(applied, net.trainable_variables, strict=True))
+        if predict:
+            updates = [v - b for v, b in zip(net.trainable_variables, before, strict=True)]
+            for variable, update in zip(net.trainable_variables, updates, strict=True):
+                variable.assign_add(update)
     return [v.numpy() for v in net.trainable_variables]
 
 
@@ -60,7 +69,7 @@ def trained(tmp_path_factory):
     """Every training run of these tests, one after another in one job (TensorFlow starts once)."""
     out = tmp_path_factory.mktemp("tf_train")
     runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none",
-            "fit-stale-none"]  # staleness leaves an average in flight: last
+            "fit-stale-none", "fit-stale-plain-none"]
     job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
     return {run: [[got[f"arr_{i}"] for i in range(len(got.files))] for got in
@@ -77,12 +86,15 @@ def test_two_ranks_with_half_a_batch_equal_one_process_with_all(trained, referen
             assert any(not np.array_equal(v, e) for v, e in zip(weights, reference, strict=True))
 
 
-def test_keras_stale_averaging_applies_the_last_batchs_average(trained, reference):
-    stale = single_process_weights(stale=True)
-    for weights in trained["fit-stale-none"]:
+@pytest.mark.parametrize("predict", [True, False])
+def test_keras_stale_averaging_applies_the_last_batchs_average(trained, reference, predict):
+    stale = single_process_weights(stale=True, predict=predict)
+    for weights in trained["fit-stale-none" if predict else "fit-stale-plain-none"]:
         for value, expected in zip(weights, stale, strict=True):
             np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, reference, strict=True))
+    other = single_process_weights(stale=True, predict=not predict)
+    assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, other, strict=True))
 
 
 def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_rank(trained, reference):

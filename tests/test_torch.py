@@ -94,12 +94,12 @@ def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps
 # Slower to converge than synchronous SGD at 5 epochs, with how many points below it they may end
 # (measured: 16, 1.1 and 19; docs/communication.md has them at 5, 10 and 20 epochs): top-k sends 1 %
 # of the entries a step, and a one-step-stale gradient fights momentum 0.9.
-SLOWER = {"top-k 1 % with error feedback": 20, "top-k 1 % with DGC's momentum correction": 2, "stale averaging": 25}
+SLOWER = {"top-k 1 % with error feedback": 20, "top-k 1 % with DGC's momentum correction": 2}
 
 
 def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
-    """Fixed seeds, 5 epochs at 2 ranks: within 1 point of uncompressed synchronous SGD (the
-    slower ones: within their measured gaps); the negative control (a compressor that sends zeros) shows that the
+    """Fixed seeds, 5 epochs at 2 ranks: within 1 point of uncompressed synchronous SGD or above it
+    (the slower ones: within their measured gaps); the negative control (a compressor that sends zeros) shows that the
     test can fail."""
     job = run_job(2, "torch_convergence.py", 5, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -111,7 +111,7 @@ def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_o
         if name in SLOWER:
             assert value >= accuracy["none"] - SLOWER[name], (name, accuracy)
         else:
-            assert abs(value - accuracy["none"]) <= 1.0, (name, accuracy)
+            assert value >= accuracy["none"] - 1.0, (name, accuracy)
     assert control < accuracy["none"] - 50, control
 
 

@@ -44,7 +44,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True,
-                         staleness=0):
+                         staleness=0, weight_prediction=True):
     """`optimizer` with its gradients averaged over the ranks of `process_set`: a tf.compat.v1.train.Optimizer, or a
     Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
     check_groups(num_groups, groups)
@@ -57,7 +57,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                gradient_predivide_factor=gradient_predivide_factor, op=op,
                                backward_passes_per_step=backward_passes_per_step,
                                average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
-                               staleness=staleness)
+                               staleness=staleness, weight_prediction=weight_prediction)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(f"expected a tf.compat.v1.train.Optimizer or a Keras optimizer, got {optimizer!r}")
     if backward_passes_per_step != 1:

@@ -1,6 +1,8 @@
 """DistributedGradientTape: a tf.GradientTape whose gradients are averaged over every rank, and
 the gradient averaging that the Keras and TensorFlow optimizers share."""
 
+import itertools
+
 import numpy as np
 
 import ringreduce as core
@@ -72,9 +74,12 @@ class StaleAverages:
     ranks of `process_set` in the background and gives the last call's averages, zeros at the first
     call; eagerly or as one graph node. Every gradient must be present (not None)."""
 
+    _made = itertools.count()  # each its own request name: an earlier one's last averages may be in flight
+
     def __init__(self, process_set=global_process_set):
         self.process_set = process_set
         self._pending = None  # the handle of the last call's averages
+        self._name = f"stale_gradients.{next(self._made)}"
 
     def __call__(self, gradients):
         if any(g is None for g in gradients):
@@ -85,7 +90,7 @@ class StaleAverages:
     def _exchange(self, arrays, _):
         last = self._pending.wait() if self._pending is not None else [np.zeros_like(a) for a in arrays]
         self._pending = core.grouped_allreduce_async_([np.array(a) for a in arrays], op=core.Average,
-                                                      name="stale_gradients", process_set=self.process_set)
+                                                      name=self._name, process_set=self.process_set)
         return last
 
 

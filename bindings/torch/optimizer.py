@@ -23,7 +23,7 @@ class _DistributedOptimizer:
     reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, staleness):
+                 gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction):
         super().__init__(params)
         self._process_set = process_set
         self._powersgd = compression if isinstance(compression, PowerSGD) else None
@@ -38,6 +38,10 @@ class _DistributedOptimizer:
         # allreduce, in place in the gradient tensor that step's backward made.
         self._in_flight = {}
         self._stale_ready = False  # whether the last synchronize() put an average into the gradients
+        # With weight prediction: parameter -> (its true value, its _version once the prediction was
+        # written: a later in-place write, a loaded checkpoint or a broadcast, makes that the true value).
+        self._true_weights = {} if staleness and weight_prediction else None
+        self._scratches = {}  # (dtype, device) -> a flat buffer as large as the largest such parameter
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
@@ -127,6 +131,8 @@ class _DistributedOptimizer:
                 self._handles[parameter] = self._allreduce(parameter)
         if self._staleness:
             self._take_last_steps_averages()
+            if self._true_weights is not None:
+                self._restore_true_weights()
         else:
             for handle in self._handles.values():
                 handle.wait()
@@ -146,6 +152,39 @@ class _DistributedOptimizer:
                 handle.wait()
             parameter.grad = gradient
         self._stale_ready = bool(last)
+
+    def _restore_true_weights(self):
+        """The parameters back from where the last step() predicted them to where they are."""
+        with torch.no_grad():
+            for parameter in self._ordered:
+                true, version = self._true_weights.get(parameter, (None, None))
+                if true is None or parameter._version != version:
+                    self._true_weights[parameter] = (parameter.detach().clone(), None)
+                else:
+                    parameter.copy_(true)
+
+    def _predict_weights(self):
+        """Move each parameter one more update ahead (w + (w - w_before)), keeping w: the next
+        backward's gradient is applied one step later, when the weights have moved about that far."""
+        with torch.no_grad():
+            for parameter in self._ordered:
+                before, _ = self._true_weights[parameter]
+                predicted = self._scratch(parameter)
+                torch.lerp(before, parameter, 2.0, out=predicted)
+                before.copy_(parameter)
+                parameter.copy_(predicted)
+                self._true_weights[parameter] = (before, parameter._version)
+
+    def _scratch(self, parameter):
+        """A buffer the shape of `parameter`, reused by every parameter of its dtype and device: a
+        fresh one per parameter and step costs its page faults on the CPU (6 ms against 3.5 ms for
+        3 M floats)."""
+        key = (parameter.dtype, parameter.device)
+        flat = self._scratches.get(key)
+        if flat is None or flat.numel() < parameter.numel():
+            flat = self._scratches[key] = torch.empty(parameter.numel(), dtype=parameter.dtype,
+                                                      device=parameter.device)
+        return flat[:parameter.numel()].view_as(parameter)
 
     def _average_low_rank(self, present, anywhere):
         """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
@@ -194,11 +233,11 @@ class _DistributedOptimizer:
         self._synchronized = False
         if not self._staleness:
             return super().step(closure)
-        if not self._stale_ready:  # the first step: no average has arrived yet
-            return None
-        result = super().step(closure)
+        result = super().step(closure) if self._stale_ready else None  # the first step has no average yet
         for parameter in self._ordered:  # spent; the next backward makes new ones
             parameter.grad = None
+        if self._true_weights is not None:
+            self._predict_weights()
         return result
 
     def zero_grad(self, set_to_none=True):
@@ -210,7 +249,7 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set, staleness=0):
+                         sparse_as_dense=False, process_set=global_process_set, staleness=0, weight_prediction=True):
     """`optimizer`, averaging gradients over the ranks of `process_set` (all of them by default).
     The result is an instance of a subclass of the optimizer's own class, so param_groups,
     state_dict, load_state_dict and LR schedulers behave as they do on the original; its state (a
@@ -223,7 +262,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     `staleness=1` (ringreduce's) averages each step's gradients while the next step computes: the
     update of step t applies the average of step t-1's gradients (the same on every rank, so the
     replicas stay identical); the first step() applies nothing, and the gradients are None after
-    each step()."""
+    each step(). With `weight_prediction` (the default), step() leaves the parameters one more
+    update ahead (w + (w - w_before)), where the weights will be when the next backward's gradient
+    is applied; the next synchronize() (in step(), or by hand after the last step) puts the true
+    weights back. Without it, momentum 0.9 makes the one-step delay oscillate early in training."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     if num_groups and groups is not None:
@@ -234,7 +276,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("groups must be a number of groups or a list of lists of parameters")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, sparse_as_dense, process_set, staleness)
+                      gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction)
     distributed.load_state_dict(optimizer.state_dict())
     return distributed
 

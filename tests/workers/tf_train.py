@@ -2,8 +2,9 @@
 each run's final weights to OUT_DIR/RUN/rank{r}.npz. Usage: tf_train.py OUT_DIR RUN...
 
 A RUN is MODE-COMPRESSION: MODE one of tape, fit, fit2 (backward_passes_per_step=2), fit-stale
-(staleness=1), local-sync and local (LocalSGDCallback, averaging every batch and every second),
-local-outer1 and local-diloco (local, with an outer SGD of rate 1, and DiLoCo's outer Nesterov);
+(staleness=1), fit-stale-plain (staleness=1, weight_prediction=False), local-sync and local
+(LocalSGDCallback, averaging every batch and every second), local-outer1 and local-diloco (local,
+with an outer SGD of rate 1, and DiLoCo's outer Nesterov);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -60,7 +61,8 @@ def train(mode, compression):
         net.compile(optimizer=rr.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression,
                                                       backward_passes_per_step=passes,
                                                       average_aggregated_gradients=True,
-                                                      staleness=1 if mode == "fit-stale" else 0), loss=loss_fn)
+                                                      staleness=int(mode.startswith("fit-stale")),
+                                                      weight_prediction=mode == "fit-stale"), loss=loss_fn)
         # With k passes per step, k batches of 1/k the rows make one step of the same global batch
         # (their gradients averaged, not summed as Horovod's default).
         net.fit(x, y, batch_size=tf_cases.BATCH // rr.size() // passes, epochs=1, shuffle=False, verbose=0)

@@ -2,7 +2,10 @@
 rank's shard and saves the parameters after every step to OUT_DIR/MODE/rankR.pt, one mode after
 another in one job. Usage: torch_averaging.py OUT_DIR MODE...
 
-stale: DistributedOptimizer(staleness=1), SGD with momentum.
+stale: DistributedOptimizer(staleness=1), SGD with momentum (weight prediction on, the default).
+stale-plain: as stale, with weight_prediction=False.
+stale-loaded: as stale; before step 3 the model loads the parameters it had after step 1 (as from a
+  checkpoint), which become its true weights.
 local: PostLocalSGDOptimizer with PeriodicModelAverager(period=2, warmup_steps=2), optimizer
   state averaged too.
 diloco: as local, with an outer Nesterov step at each average.
@@ -25,8 +28,9 @@ out = sys.argv[1]
 
 def optimizer(mode, net):
     local = torch_cases.optimizer("sgd", net.parameters())
-    if mode == "stale":
-        return rr.DistributedOptimizer(local, named_parameters=net.named_parameters(), staleness=1)
+    if mode.startswith("stale"):
+        return rr.DistributedOptimizer(local, named_parameters=net.named_parameters(), staleness=1,
+                                       weight_prediction=mode != "stale-plain")
     if mode == "local":
         return rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=2, warmup_steps=2),
                                         average_optimizer_state=True)
@@ -45,14 +49,17 @@ for mode in sys.argv[2:]:
     opt = optimizer(mode, net)
     saved, wire = {}, []
     for step in range(torch_cases.STEPS):
+        if mode == "stale-loaded" and step == 3:
+            net.load_state_dict({name: saved[f"1.{name}"] for name, _ in net.named_parameters()})
         before = rr.engine_stats()["bytes"]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(inputs[mine]), labels[mine]).backward()
         opt.step()
         wire.append(rr.engine_stats()["bytes"] - before)
         saved.update({f"{step}.{name}": p.detach().clone() for name, p in net.named_parameters()})
-    if mode == "stale":
-        opt.synchronize()  # the last step's average, still in flight
+    if mode.startswith("stale"):
+        opt.synchronize()  # the last step's average, still in flight; the true weights back
+        saved.update({f"final.{name}": p.detach().clone() for name, p in net.named_parameters()})
     saved["wire"] = torch.tensor(wire)  # bytes this rank put into the engine's collectives, per step
     os.makedirs(os.path.join(out, mode), exist_ok=True)
     torch.save(saved, os.path.join(out, mode, f"rank{rr.rank()}.pt"))

@@ -1,6 +1,7 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
 import ringreduce as core
+import tensorflow as tf
 from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
@@ -10,7 +11,8 @@ from ringreduce.tensorflow.tape import StaleAverages, allreduce_gradients, check
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True, staleness=0):
+                         process_set=global_process_set, scale_local_gradients=True, staleness=0,
+                         weight_prediction=True):
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -25,7 +27,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     `compression=rr.PowerSGD(...)` (ringreduce's) averages each batch's gradients as low-rank
     products (ringreduce.powersgd), all of them in one step, after backward. `staleness=1` (also
     ringreduce's) applies each batch the average of the previous batch's gradients, averaged while
-    this one computed; the first batch applies zeros (docs/communication.md).
+    this one computed; the first batch applies zeros (docs/communication.md). With
+    `weight_prediction` (the default) each batch leaves the weights one more update ahead, where they
+    will be when that batch's gradient is applied, and takes that back before the next update.
     """
     powersgd = compression if isinstance(compression, PowerSGD) else None
     if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
@@ -35,6 +39,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if staleness and (powersgd is not None or op != core.Average or compression is not Compression.none):
         raise ValueError("staleness=1 averages uncompressed gradients: it takes op=Average and no compression")
     stale = StaleAverages(process_set) if staleness else None
+    predicts = bool(staleness and weight_prediction)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     check_groups(num_groups, groups)
@@ -46,10 +51,18 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     summed = backward_passes_per_step if backward_passes_per_step > 1 and not average_aggregated_gradients else 1
     label = name or f"DistributedOptimizer.{base.__name__}"
 
+    def build(self, variables):
+        super(distributed, self).build(variables)
+        if predicts:  # per variable: the last update, which the weights are moved on by once more
+            self._last_updates = [self.add_variable_from_reference(v, name="last_update") for v in variables]
+
     def _backend_apply_gradients(self, grads, trainable_variables):
         """Keras calls this with each batch's gradients before it accumulates or applies them:
         average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
+        if predicts:
+            return _apply_predicting(self, super(distributed, self)._backend_apply_gradients, stale(list(grads)),
+                                     trainable_variables)
         if stale is not None:
             grads = stale(list(grads))
         elif powersgd is not None:
@@ -60,6 +73,19 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         grads = [g * summed if g is not None and summed != 1 else g for g in grads]
         return super(distributed, self)._backend_apply_gradients(grads, trainable_variables)
 
-    distributed = type(base.__name__, (base,), {"_backend_apply_gradients": _backend_apply_gradients,
+    distributed = type(base.__name__, (base,), {"build": build, "_backend_apply_gradients": _backend_apply_gradients,
                                                  "__module__": base.__module__})
     return distributed.from_config(config)
+
+
+def _apply_predicting(optimizer, apply, grads, variables):
+    """Weight prediction around the update: the weights back from the last prediction (w - d), the
+    update, then d = the update and the weights moved on by it once more (w + d)."""
+    updates = [optimizer._last_updates[optimizer._get_variable_index(v)] for v in variables]
+    for variable, update in zip(variables, updates, strict=True):
+        variable.assign_sub(update)
+    before = [tf.identity(v) for v in variables]
+    apply(grads, variables)
+    for variable, update, old in zip(variables, updates, before, strict=True):
+        update.assign(variable - old)
+        variable.assign_add(update)
