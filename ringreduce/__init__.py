@@ -49,6 +49,7 @@ _LAZY_WITHOUT_ARRAYS = {
     "ringreduce.collectives": ("barrier", "join", "poll", "synchronize", "stop_requested"),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
     "ringreduce.process_sets": ("ProcessSet", "global_process_set", "add_process_set", "remove_process_set"),
+    "ringreduce.load_balancing": ("LoadBalancer", "BalancedBatchSampler"),
 }
 # Point-to-point transfers on arrays: core names; each framework binding has its own.
 _POINT_TO_POINT = ("send", "recv", "isend", "irecv")

@@ -28,7 +28,7 @@ LAYERS = (
     ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
                     "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
                     "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
-                    "ringreduce.powersgd")),
+                    "ringreduce.powersgd", "ringreduce.load_balancing")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),

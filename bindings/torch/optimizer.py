@@ -4,6 +4,7 @@ of the backward pass; step() only waits for what is still in flight.
 """
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -23,7 +24,8 @@ class _DistributedOptimizer:
     reach that class, and still do from a user's subclass of the result)."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction):
+                 gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction,
+                 load_balancer):
         super().__init__(params)
         self._process_set = process_set
         self._powersgd = compression if isinstance(compression, PowerSGD) else None
@@ -42,6 +44,14 @@ class _DistributedOptimizer:
         # written: a later in-place write, a loaded checkpoint or a broadcast, makes that the true value).
         self._true_weights = {} if staleness and weight_prediction else None
         self._scratches = {}  # (dtype, device) -> a flat buffer as large as the largest such parameter
+        if load_balancer is not None and (backward_passes_per_step != 1 or op != core.Average):
+            raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
+                             "backward_passes_per_step=1")
+        if load_balancer is not None and load_balancer.process_set is not process_set:
+            raise ValueError("the load balancer must split among the optimizer's process set")
+        self._balancer = load_balancer
+        self._step_ended = None  # when the last step() returned: this rank's work since then is timed
+        self._compute_seconds = None
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
@@ -81,6 +91,8 @@ class _DistributedOptimizer:
         name = self._names[parameter]
         if self._staleness:
             self._last_step_arrived(parameter)
+        if self._balancer is not None:
+            parameter.grad.mul_(self._balancer.weight())
         if parameter.grad.is_sparse:
             if not self._sparse_as_dense:
                 if self._staleness:
@@ -116,6 +128,8 @@ class _DistributedOptimizer:
         A parameter that got no gradient here but did on another rank takes part with zeros,
         so no rank waits for it; one that got no gradient anywhere keeps grad None.
         """
+        if self._step_ended is not None and self._compute_seconds is None:
+            self._compute_seconds = time.perf_counter() - self._step_ended
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
                             for p in self._ordered], dtype=np.uint8)
         anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME, process_set=self._process_set)
@@ -196,6 +210,8 @@ class _DistributedOptimizer:
                     parameter.grad = torch.zeros_like(parameter)
                 if parameter.grad.is_sparse:
                     raise ValueError(f"PowerSGD needs dense gradients; {self._names[parameter]!r} is sparse")
+                if self._balancer is not None:
+                    parameter.grad.mul_(self._balancer.weight())
                 array = named[self._names[parameter]] = tensors.as_array(parameter.grad)
                 if parameter.grad.dtype == torch.bfloat16:  # as_array's float32 copy: averaged there
                     copies.append((parameter.grad, array))
@@ -232,12 +248,17 @@ class _DistributedOptimizer:
             raise RuntimeError("step() inside skip_synchronize() needs a synchronize() call before it")
         self._synchronized = False
         if not self._staleness:
-            return super().step(closure)
-        result = super().step(closure) if self._stale_ready else None  # the first step has no average yet
-        for parameter in self._ordered:  # spent; the next backward makes new ones
-            parameter.grad = None
-        if self._true_weights is not None:
-            self._predict_weights()
+            result = super().step(closure)
+        else:
+            result = super().step(closure) if self._stale_ready else None  # the first step has no average yet
+            for parameter in self._ordered:  # spent; the next backward makes new ones
+                parameter.grad = None
+            if self._true_weights is not None:
+                self._predict_weights()
+        if self._balancer is not None:
+            self._balancer.step_done(self._compute_seconds)
+            self._compute_seconds = None
+            self._step_ended = time.perf_counter()
         return result
 
     def zero_grad(self, set_to_none=True):
@@ -249,7 +270,8 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set, staleness=0, weight_prediction=True):
+                         sparse_as_dense=False, process_set=global_process_set, staleness=0, weight_prediction=True,
+                         load_balancer=None):
     """`optimizer`, averaging gradients over the ranks of `process_set` (all of them by default).
     The result is an instance of a subclass of the optimizer's own class, so param_groups,
     state_dict, load_state_dict and LR schedulers behave as they do on the original; its state (a
@@ -265,7 +287,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     each step(). With `weight_prediction` (the default), step() leaves the parameters one more
     update ahead (w + (w - w_before)), where the weights will be when the next backward's gradient
     is applied; the next synchronize() (in step(), or by hand after the last step) puts the true
-    weights back. Without it, momentum 0.9 makes the one-step delay oscillate early in training."""
+    weights back. Without it, momentum 0.9 makes the one-step delay oscillate early in training.
+
+    `load_balancer` (ringreduce's: a `LoadBalancer`, whose `BalancedBatchSampler` gives the
+    batches) weights each rank's gradients by its share of the step's batch, so that the average is
+    the batch's mean however it was split, and reports how long this rank computed."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     if num_groups and groups is not None:
@@ -276,7 +302,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError("groups must be a number of groups or a list of lists of parameters")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction)
+                      gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction,
+                      load_balancer)
     distributed.load_state_dict(optimizer.state_dict())
     return distributed
 

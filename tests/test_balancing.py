@@ -1,0 +1,153 @@
+"""Dynamic load balancing: the split of each batch follows the ranks' speeds, every sample of the
+epoch is used once, and the update is the one of the whole batch; through the real rrun and MPI
+(tests/workers/torch_balancing.py, where the last rank is made three times slower), against one
+process in this one. Pure logic (the split, the sampler's batches) with a stand-in process set."""
+
+import numpy as np
+import pytest
+import torch
+import torch_cases
+
+from launch import run_job
+from ringreduce.load_balancing import BalancedBatchSampler, LoadBalancer
+
+SAMPLES, BATCH, EPOCHS = 200, 48, 3  # as the worker's
+STEPS_PER_EPOCH = 5
+
+
+def train(out, size, *modes):
+    job = run_job(size, "torch_balancing.py", out, *modes, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return {mode: [torch.load(path) for path in sorted((out / mode).glob("rank*.pt"))] for mode in modes}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16")
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("balancing3"), 3, "plain", "set")
+
+
+def one_process(global_batches):
+    """The same global batches in one process, each the mean over the whole batch."""
+    generator = torch.Generator().manual_seed(2)
+    features = torch.randn(SAMPLES, torch_cases.FEATURES, generator=generator)
+    labels = torch.randint(0, torch_cases.CLASSES, (SAMPLES,), generator=generator)
+    net = torch_cases.model()
+    opt = torch_cases.optimizer("sgd", net.parameters())
+    for batch in global_batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(features[batch]), labels[batch]).backward()
+        opt.step()
+    return dict(net.named_parameters())
+
+
+def cases():
+    """(fixture, mode, number of ranks balancing, expected shares, tolerance of the parameters)."""
+    return [("two", "plain", [0.75, 0.25], 1e-5), ("two", "fp16", [0.75, 0.25], 2e-3),
+            ("three", "plain", [3 / 7, 3 / 7, 1 / 7], 1e-5), ("three", "set", [0.75, 0.25], 1e-5)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
+def test_balanced_training_equals_one_process_on_the_same_batches(request, job, mode, expected, tolerance):
+    ranks = request.getfixturevalue(job)[mode]
+    assert len(ranks) == len(expected)  # the set's ranks only
+    reference = one_process(ranks[0]["global"])
+    for got in ranks:
+        for name, value in reference.items():
+            torch.testing.assert_close(got["parameters"][name], value.detach(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
+def test_the_split_moves_to_the_speed_ratio_and_stays(request, job, mode, expected, tolerance):
+    ranks = request.getfixturevalue(job)[mode]
+    shares = np.array(ranks[0]["shares"])  # after each step; the same on every rank
+    assert all(np.array_equal(np.array(got["shares"]), shares) for got in ranks)
+    np.testing.assert_allclose(shares[0], np.full(len(expected), 1 / len(expected)))  # even at first
+    np.testing.assert_allclose(shares[-6:], np.tile(expected, (6, 1)), atol=0.06)  # there, and staying
+    sizes = np.array([[len(t) for t in got["taken"]] for got in ranks])
+    assert (sizes[-1, -4:] < sizes[0, -4:]).all()  # the slow rank takes fewer samples
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
+def test_every_sample_of_an_epoch_is_used_once(request, job, mode, expected, tolerance):
+    ranks = request.getfixturevalue(job)[mode]
+    global_batches = ranks[0]["global"]
+    assert len(global_batches) == EPOCHS * STEPS_PER_EPOCH == len(ranks[0]["taken"])
+    for step, batch in enumerate(global_batches):
+        taken = [index for got in ranks for index in got["taken"][step]]
+        assert sorted(taken) == sorted(batch), step  # each sample of the batch by exactly one rank
+    for epoch in range(EPOCHS):
+        steps = range(epoch * STEPS_PER_EPOCH, (epoch + 1) * STEPS_PER_EPOCH)
+        assert sorted(i for step in steps for i in global_batches[step]) == list(range(SAMPLES))
+
+
+class Ranks:
+    """Stands for a process set (the split needs only its size and this rank's place)."""
+
+    def __init__(self, size, rank=0):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+def test_the_split_is_proportional_whole_and_gives_every_rank_one():
+    balancer = LoadBalancer(64, process_set=Ranks(3))
+    balancer.shares = np.array([0.5, 0.3, 0.2])
+    assert balancer.split(64).tolist() == [32, 19, 13]
+    assert balancer.split(7).tolist() == [4, 2, 1]
+    assert balancer.split(3).tolist() == [1, 1, 1]
+    balancer.shares = np.array([0.98, 0.01, 0.01])
+    assert balancer.split(64).tolist() == [62, 1, 1]
+
+
+def test_each_rank_takes_its_own_slice_and_weights_by_it():
+    balancers = [LoadBalancer(10, process_set=Ranks(2, rank)) for rank in range(2)]
+    slices = []
+    for balancer in balancers:
+        balancer.shares = np.array([0.7, 0.3])
+        slices.append(balancer.take(10))
+    assert slices == [(0, 7), (7, 3)]
+    assert [b.weight() for b in balancers] == [1.4, 0.6]  # mean over 10 = (1.4 mean_0 + 0.6 mean_1) / 2
+
+
+def test_a_last_batch_too_small_for_every_rank_joins_the_one_before():
+    sampler = BalancedBatchSampler(98, LoadBalancer(48, process_set=Ranks(3)), shuffle=False)
+    assert [len(b) for b in sampler.global_batches()] == [48, 50]  # 2 left over: not one each for 3 ranks
+    assert len(sampler) == 2
+    sampler = BalancedBatchSampler(98, LoadBalancer(48, process_set=Ranks(2)), shuffle=False)
+    assert [len(b) for b in sampler.global_batches()] == [48, 48, 2]
+    assert len(sampler) == 3
+
+
+def test_the_epochs_order_is_drawn_from_the_seed_and_epoch():
+    sampler = BalancedBatchSampler(50, LoadBalancer(10, process_set=Ranks(2)), seed=3)
+    first = np.concatenate(sampler.global_batches())
+    sampler.set_epoch(1)
+    second = np.concatenate(sampler.global_batches())
+    assert sorted(first) == sorted(second) == list(range(50)) and not np.array_equal(first, second)
+    again = BalancedBatchSampler(50, LoadBalancer(10, process_set=Ranks(2)), seed=3)
+    assert np.array_equal(np.concatenate(again.global_batches()), first)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match=r"batch_size \(2\) must be at least the number of ranks \(3\)"):
+        LoadBalancer(2, process_set=Ranks(3))
+    with pytest.raises(ValueError, match="interval must be at least 1, got 0"):
+        LoadBalancer(8, interval=0, process_set=Ranks(2))
+    with pytest.raises(ValueError, match=r"damping must be in \(0, 1\], got 0"):
+        LoadBalancer(8, damping=0, process_set=Ranks(2))
+    with pytest.raises(ValueError, match="2 samples cannot give each of 3 ranks one"):
+        BalancedBatchSampler(2, LoadBalancer(8, process_set=Ranks(3)))
+    with pytest.raises(RuntimeError, match="no batch for this step"):
+        LoadBalancer(8, process_set=Ranks(2)).weight()
