@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch_cases
 
-from launch import run_job
 from ringreduce.load_balancing import BalancedBatchSampler, LoadBalancer
+
+from launch import run_job
 
 SAMPLES, BATCH, EPOCHS = 200, 48, 3  # as the worker's
 STEPS_PER_EPOCH = 5
