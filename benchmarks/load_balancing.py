@@ -49,7 +49,7 @@ class Trainer:
         if self.mode == "even":
             share = self.global_batch // rr.size()
             return slice(rr.rank() * share, (rr.rank() + 1) * share)
-        offset, count = self.balancer.take(self.global_batch)
+        offset, count = self.balancer.take(self.balancer.steps or 0, self.global_batch)
         return slice(offset, offset + count)
 
     def step(self):

@@ -2,12 +2,15 @@
 proportion to their measured speed, and their gradients are weighted by their share of the samples,
 so that the update is the one of the same global batch split evenly.
 
-The ranks agree on every split without talking about it: each rank's sampler asks for the splits in
-the same order, and the shares change only at the same steps everywhere, from per-rank compute times
-the ranks exchange in one small allgather every `interval` steps."""
+The ranks agree on every split without talking about it: the split of step s is a function of s and
+of shares the ranks decided together. Every `interval` steps they share their per-rank compute times
+in one small allgather, and the new shares apply one interval later, so a data pipeline may read up to
+`interval` batches ahead of training (a DataLoader's workers, tf.data's prefetching) and still split
+each batch as every other rank does."""
 
-import collections
 import itertools
+import threading
+import time
 
 import numpy as np
 
@@ -18,11 +21,12 @@ from ringreduce.process_sets import global_process_set
 class LoadBalancer:
     """The split of each global batch of `batch_size` samples among the ranks of `process_set`.
 
-    The adapters' optimizers (`DistributedOptimizer(..., load_balancer=...)`) report each step's
-    compute time and weight the gradients; `BalancedBatchSampler` takes each batch's split. Every
-    `interval` steps the ranks share their samples per second of computation, and each share moves
-    `damping` of the way to its rank's part of the total speed (1: at once; smaller: slower but
-    steadier under noise). Every rank keeps at least one sample of every batch."""
+    The adapters' optimizers (`DistributedOptimizer(..., load_balancer=...)`) weight the gradients
+    and report each step; `BalancedBatchSampler` (PyTorch) and `BalancedDataset` (Keras) take each
+    batch's split. Every `interval` steps the ranks share their samples per second of computation,
+    and each share moves `damping` of the way to its rank's part of the total speed (1: at once;
+    smaller: slower but steadier under noise); the new split applies `interval` steps later. Every
+    rank keeps at least one sample of every batch."""
 
     def __init__(self, batch_size, interval=10, damping=0.5, process_set=global_process_set):
         if batch_size < process_set.size():
@@ -35,66 +39,98 @@ class LoadBalancer:
         self.interval = interval
         self.damping = damping
         self.process_set = process_set
-        self.shares = np.full(process_set.size(), 1.0 / process_set.size())
-        self.steps = 0
-        self._issued = collections.deque()  # (this rank's count, the batch's total) of batches taken, in order
+        self.steps = None  # the step training is at (from the sampler's first batch: a resumed epoch's too)
+        self._first = None
+        # Exchange k (after k * interval steps) -> the shares it decided, from step (k + 1) * interval on
+        # (counted from the first step); 0: the even split. The last few are kept: a pipeline reads at
+        # most an interval ahead.
+        self._decided = {0: np.full(process_set.size(), 1.0 / process_set.size())}
+        self._changed = threading.Condition()  # a pipeline's thread waits there for a split not decided yet
+        self._taken = {}  # step -> (this rank's count, the size of the global batch), as handed out
         self._window = np.zeros(2)  # this rank's samples and compute seconds since the last exchange
+        self._clock = None  # when the last step ended: this rank's work since then is timed
+        self._work = None  # this step's compute seconds, once its gradients are ready
 
-    def split(self, total):
+    @property
+    def shares(self):
+        """The newest split, as fractions of the batch per rank of the set."""
+        return self._decided[max(self._decided)]
+
+    def split(self, total, shares=None):
         """How many of `total` samples each rank takes: the largest remainders of total * shares,
-        at least one each."""
-        exact = self.shares * total
+        at least one each (taken from the rank with the most)."""
+        exact = (self.shares if shares is None else shares) * total
         counts = np.floor(exact).astype(np.int64)
         counts[np.argsort(counts - exact, kind="stable")[:total - counts.sum()]] += 1
-        for empty in np.flatnonzero(counts == 0):  # from the rank with the most
+        for empty in np.flatnonzero(counts == 0):
             counts[np.argmax(counts)] -= 1
             counts[empty] = 1
         return counts
 
-    def take(self, total):
-        """This rank's (offset, count) in the next batch of `total` samples (the sampler's call)."""
-        counts = self.split(total)
-        mine = self.process_set.rank()
-        self._issued.append((int(counts[mine]), total))
+    def take(self, step, total):
+        """This rank's (offset, count) in the global batch of `total` samples of `step` (counted
+        from the start of training, over the epochs): the sampler's call. A pipeline's thread asking
+        further ahead than decided waits; training's own thread cannot, and gets an error."""
+        with self._changed:
+            if self._first is None:
+                self._first = self.steps = step
+            exchange = self._exchange_for(step)
+            if exchange not in self._decided and threading.current_thread() is threading.main_thread():
+                raise RuntimeError(
+                    f"the data pipeline asked for the split of step {step} at step {self.steps}: it reads more than "
+                    f"the balancer's interval ({self.interval}) batches ahead; raise the interval")
+            self._changed.wait_for(lambda: exchange in self._decided or exchange < min(self._decided))
+            if exchange not in self._decided:
+                raise RuntimeError(f"the split of step {step} is long gone (training is at step {self.steps})")
+            counts = self.split(total, self._decided[exchange])
+            mine = self.process_set.rank()
+            self._taken[step] = (int(counts[mine]), total)
         return int(counts[:mine].sum()), int(counts[mine])
+
+    def _exchange_for(self, step):
+        """The exchange whose split `step` takes."""
+        return max(0, (step - self._first) // self.interval - 1)
 
     def weight(self):
         """The factor for this step's gradients (the mean over this rank's samples): its share of
-        the batch times the number of ranks, so that averaging over the ranks gives the batch's
-        mean. Taken once per step, in the order the sampler gave the batches."""
-        if not self._issued:
-            raise RuntimeError("the load balancer has no batch for this step: take the batches from its "
-                               "BalancedBatchSampler, one per step")
-        count, total = self._issued[0]
+        the batch times the number of ranks, so that averaging over the ranks gives the batch's mean."""
+        if self.steps not in self._taken:
+            raise RuntimeError(f"the load balancer has no batch for step {self.steps}: take the batches from its "
+                               "sampler, one per step")
+        count, total = self._taken[self.steps]
         return count * len(self.shares) / total
 
-    def step_done(self, compute_seconds):
-        """This step's batch is done, after `compute_seconds` of this rank's own work (None where not
-        measured: the first step); every `interval` steps the shares move toward the ranks' speeds."""
-        count, _ = self._issued.popleft()
-        if compute_seconds is not None:
-            self._window += (count, compute_seconds)
+    def work_done(self):
+        """This step's gradients are ready: the time since the last step ended is this rank's work
+        (loading, forward, backward); not timed before the first step."""
+        if self._work is None and self._clock is not None:
+            self._work = time.perf_counter() - self._clock
+
+    def step_done(self):
+        """This step's update is done; every `interval` steps the ranks decide a new split."""
+        self.weight()  # the check that this step had a batch
+        count, _ = self._taken.pop(self.steps)
+        if self._work is not None:
+            self._window += (count, self._work)
         self.steps += 1
-        if self.steps % self.interval == 0:
+        if (self.steps - self._first) % self.interval == 0:
             self._rebalance()
+        self._work, self._clock = None, time.perf_counter()
 
     def _rebalance(self):
         windows = collectives.allgather(self._window.reshape(1, 2), name="load_balancing.speeds",
                                         process_set=self.process_set)
         self._window = np.zeros(2)
         samples, seconds = windows[:, 0], windows[:, 1]
-        if (seconds <= 0).any():  # a rank that measured nothing yet: keep the split
-            return
-        speeds = samples / seconds
-        self.shares = self.shares + self.damping * (speeds / speeds.sum() - self.shares)
-
-    def state_dict(self):
-        return {"shares": self.shares.tolist(), "steps": self.steps}
-
-    def load_state_dict(self, state):
-        if len(state["shares"]) != len(self.shares):  # another number of ranks: start even
-            return
-        self.shares, self.steps = np.array(state["shares"]), state["steps"]
+        shares = self.shares
+        if (seconds > 0).all():  # else a rank measured nothing yet: keep the split
+            speeds = samples / seconds
+            shares = shares + self.damping * (speeds / speeds.sum() - shares)
+        with self._changed:
+            self._decided[(self.steps - self._first) // self.interval] = shares
+            for old in sorted(self._decided)[:-3]:
+                del self._decided[old]
+            self._changed.notify_all()
 
 
 class BalancedBatchSampler:
@@ -127,8 +163,9 @@ class BalancedBatchSampler:
         return [order[start:end] for start, end in itertools.pairwise(bounds)]
 
     def __iter__(self):
-        for batch in self.global_batches():
-            offset, count = self.balancer.take(len(batch))
+        first = self.epoch * len(self)
+        for step, batch in enumerate(self.global_batches(), start=first):
+            offset, count = self.balancer.take(step, len(batch))
             yield batch[offset:offset + count].tolist()
 
     def __len__(self):

@@ -104,22 +104,55 @@ class Ranks:
 
 def test_the_split_is_proportional_whole_and_gives_every_rank_one():
     balancer = LoadBalancer(64, process_set=Ranks(3))
-    balancer.shares = np.array([0.5, 0.3, 0.2])
-    assert balancer.split(64).tolist() == [32, 19, 13]
-    assert balancer.split(7).tolist() == [4, 2, 1]
-    assert balancer.split(3).tolist() == [1, 1, 1]
-    balancer.shares = np.array([0.98, 0.01, 0.01])
-    assert balancer.split(64).tolist() == [62, 1, 1]
+    shares = np.array([0.5, 0.3, 0.2])
+    assert balancer.split(64, shares).tolist() == [32, 19, 13]
+    assert balancer.split(7, shares).tolist() == [4, 2, 1]
+    assert balancer.split(3, shares).tolist() == [1, 1, 1]
+    assert balancer.split(64, np.array([0.98, 0.01, 0.01])).tolist() == [62, 1, 1]
+    assert balancer.split(64).tolist() == [22, 21, 21]  # at first: even
 
 
 def test_each_rank_takes_its_own_slice_and_weights_by_it():
     balancers = [LoadBalancer(10, process_set=Ranks(2, rank)) for rank in range(2)]
     slices = []
     for balancer in balancers:
-        balancer.shares = np.array([0.7, 0.3])
-        slices.append(balancer.take(10))
+        balancer._decided[0] = np.array([0.7, 0.3])
+        slices.append(balancer.take(0, 10))
     assert slices == [(0, 7), (7, 3)]
     assert [b.weight() for b in balancers] == [1.4, 0.6]  # mean over 10 = (1.4 mean_0 + 0.6 mean_1) / 2
+
+
+def test_a_new_split_applies_an_interval_later_and_a_pipeline_thread_waits_for_it(monkeypatch):
+    """Interval 2, from step 10 (a resumed epoch): steps 10-13 split evenly; the exchange after
+    step 11 (this rank twice the other's speed) decides steps 14 and 15. Training's own thread asking
+    for step 14 before then is an error; a pipeline's thread waits for it."""
+    import threading
+
+    from ringreduce import collectives
+
+    exchanged = []
+
+    def allgather(window, name, process_set):
+        exchanged.append(window.copy())
+        return np.array([window[0], [window[0, 0], 2 * window[0, 1]]])  # the other rank: half the speed
+
+    monkeypatch.setattr(collectives, "allgather", allgather)
+    balancer = LoadBalancer(12, interval=2, damping=1.0, process_set=Ranks(2))
+    assert [balancer.take(step, 12) for step in (10, 11, 12, 13)] == [(0, 6)] * 4
+    with pytest.raises(RuntimeError, match="asked for the split of step 14 at step 10: it reads more than the "
+                                           r"balancer's interval \(2\) batches ahead"):
+        balancer.take(14, 12)
+    ahead = []
+    reader = threading.Thread(target=lambda: ahead.append(balancer.take(14, 12)))
+    reader.start()
+    for _ in range(2):
+        balancer.work_done()
+        balancer.step_done()
+    reader.join(timeout=10)
+    assert ahead == [(0, 8)]  # two thirds of 12 for the rank twice as fast
+    assert len(exchanged) == 1 and balancer.steps == 12
+    np.testing.assert_allclose(balancer.shares, [2 / 3, 1 / 3])
+    assert balancer.take(13, 12) == (0, 6)  # still the split decided before it
 
 
 def test_a_last_batch_too_small_for_every_rank_joins_the_one_before():
@@ -150,5 +183,5 @@ def test_bad_arguments_are_clear_errors():
         LoadBalancer(8, damping=0, process_set=Ranks(2))
     with pytest.raises(ValueError, match="2 samples cannot give each of 3 ranks one"):
         BalancedBatchSampler(2, LoadBalancer(8, process_set=Ranks(3)))
-    with pytest.raises(RuntimeError, match="no batch for this step"):
+    with pytest.raises(RuntimeError, match="has no batch for step"):
         LoadBalancer(8, process_set=Ranks(2)).weight()

@@ -4,7 +4,6 @@ of the backward pass; step() only waits for what is still in flight.
 """
 
 import contextlib
-import time
 
 import numpy as np
 
@@ -50,8 +49,6 @@ class _DistributedOptimizer:
         if load_balancer is not None and load_balancer.process_set is not process_set:
             raise ValueError("the load balancer must split among the optimizer's process set")
         self._balancer = load_balancer
-        self._step_ended = None  # when the last step() returned: this rank's work since then is timed
-        self._compute_seconds = None
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
@@ -128,8 +125,8 @@ class _DistributedOptimizer:
         A parameter that got no gradient here but did on another rank takes part with zeros,
         so no rank waits for it; one that got no gradient anywhere keeps grad None.
         """
-        if self._step_ended is not None and self._compute_seconds is None:
-            self._compute_seconds = time.perf_counter() - self._step_ended
+        if self._balancer is not None:
+            self._balancer.work_done()
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
                             for p in self._ordered], dtype=np.uint8)
         anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME, process_set=self._process_set)
@@ -256,9 +253,7 @@ class _DistributedOptimizer:
             if self._true_weights is not None:
                 self._predict_weights()
         if self._balancer is not None:
-            self._balancer.step_done(self._compute_seconds)
-            self._compute_seconds = None
-            self._step_ended = time.perf_counter()
+            self._balancer.step_done()
         return result
 
     def zero_grad(self, set_to_none=True):
@@ -291,7 +286,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     `load_balancer` (ringreduce's: a `LoadBalancer`, whose `BalancedBatchSampler` gives the
     batches) weights each rank's gradients by its share of the step's batch, so that the average is
-    the batch's mean however it was split, and reports how long this rank computed."""
+    the batch's mean however it was split, and tells it how long this rank computed."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
     if num_groups and groups is not None:
