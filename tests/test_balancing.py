@@ -89,6 +89,36 @@ def test_every_sample_of_an_epoch_is_used_once(request, job, mode, expected, tol
         assert sorted(i for step in steps for i in global_batches[step]) == list(range(SAMPLES))
 
 
+@pytest.mark.mpi
+def test_keras_fit_balances_and_equals_one_process(tmp_path):
+    """Keras: 2 ranks, the last three times slower, through fit with a BalancedDataset."""
+    keras = pytest.importorskip("keras")
+    import tf_cases
+
+    job = run_job(2, "tf_balancing.py", tmp_path, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in range(2)]
+    order, sizes = ranks[0]["order"], ranks[0]["batches"]
+    global_batches = np.split(order, np.cumsum(sizes)[:-1])
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(SAMPLES, tf_cases.FEATURES)).astype(np.float32)
+    y = rng.integers(0, tf_cases.CLASSES, size=SAMPLES)
+    net = tf_cases.model()
+    net.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for batch in global_batches:
+        net.train_on_batch(x[batch], y[batch])
+    for got in ranks:
+        for i, expected in enumerate(net.get_weights()):
+            np.testing.assert_allclose(got[f"arr_{i}"], expected, rtol=1e-5, atol=1e-5)
+    taken = [np.split(got["taken"], np.cumsum(got["taken_sizes"])[:-1]) for got in ranks]
+    for step, batch in enumerate(global_batches):
+        assert sorted(np.concatenate([t[step] for t in taken])) == sorted(batch), step
+    shares = ranks[0]["shares"]
+    np.testing.assert_allclose(shares[0], [0.5, 0.5])
+    np.testing.assert_allclose(shares[-4:], np.tile([0.75, 0.25], (4, 1)), atol=0.06)
+
+
 class Ranks:
     """Stands for a process set (the split needs only its size and this rank's place)."""
 
@@ -185,3 +215,32 @@ def test_bad_arguments_are_clear_errors():
         BalancedBatchSampler(2, LoadBalancer(8, process_set=Ranks(3)))
     with pytest.raises(RuntimeError, match="has no batch for step"):
         LoadBalancer(8, process_set=Ranks(2)).weight()
+
+
+def test_keras_dataset_follows_the_epochs_and_refuses_to_be_shuffled():
+    pytest.importorskip("keras")
+    from ringreduce.tensorflow.keras.balancing import BalancedDataset
+
+    x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10)
+    data = BalancedDataset(x, y, LoadBalancer(4, process_set=Ranks(2, rank=1)), seed=1)
+    assert len(data) == 3  # 4, 4 and the last 2
+    first = [data[i][1] for i in (0, 1, 0, 1, 2)]  # Keras reads the first batches ahead, then from 0 again
+    assert np.array_equal(first[0], first[2]) and len(first[4]) == 1
+    assert sorted(np.concatenate([data.sampler.global_batches()[i][2:] for i in range(2)])) == sorted(
+        np.concatenate(first[2:4]))  # rank 1's halves of the first two batches
+    data[0]  # after the last batch: the next epoch, in another order
+    assert data.sampler.epoch == 1
+    with pytest.raises(ValueError, match="Keras asked for batch 2 after batch 0: call fit with shuffle=False"):
+        data[2]
+
+
+def test_load_balancing_refuses_what_it_cannot_weight():
+    import ringreduce.torch as rr
+
+    net = torch_cases.model()
+    with pytest.raises(ValueError, match="it takes op=Average and backward_passes_per_step=1"):
+        rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), backward_passes_per_step=2,
+                                load_balancer=LoadBalancer(8, process_set=Ranks(2)))
+    with pytest.raises(ValueError, match="the load balancer must split among the optimizer's process set"):
+        rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                load_balancer=LoadBalancer(8, process_set=Ranks(2)))

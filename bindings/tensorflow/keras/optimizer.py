@@ -1,5 +1,7 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
+import numpy as np
+
 import ringreduce as core
 import tensorflow as tf
 from ringreduce.powersgd import PowerSGD
@@ -12,7 +14,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True, staleness=0,
-                         weight_prediction=True):
+                         weight_prediction=True, load_balancer=None):
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -30,6 +32,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     this one computed; the first batch applies zeros (docs/communication.md). With
     `weight_prediction` (the default) each batch leaves the weights one more update ahead, where they
     will be when that batch's gradient is applied, and takes that back before the next update.
+
+    `load_balancer` (ringreduce's: a `LoadBalancer`, whose `BalancedDataset` gives the batches)
+    weights each rank's gradients by its share of the step's batch, so that the average is the
+    batch's mean however it was split, and tells it how long this rank computed.
     """
     powersgd = compression if isinstance(compression, PowerSGD) else None
     if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
@@ -42,6 +48,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     predicts = bool(staleness and weight_prediction)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    if load_balancer is not None and (backward_passes_per_step != 1 or op != core.Average):
+        raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
+                         "backward_passes_per_step=1")
+    if load_balancer is not None and load_balancer.process_set is not process_set:
+        raise ValueError("the load balancer must split among the optimizer's process set")
     check_groups(num_groups, groups)
     base = type(optimizer)
     config = optimizer.get_config()
@@ -60,18 +71,22 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         """Keras calls this with each batch's gradients before it accumulates or applies them:
         average them over ranks first."""
         labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
+        apply = super(distributed, self)._backend_apply_gradients
+        if load_balancer is not None:
+            grads = _weighted(load_balancer, grads)
         if predicts:
-            return _apply_predicting(self, super(distributed, self)._backend_apply_gradients, stale(list(grads)),
-                                     trainable_variables)
-        if stale is not None:
-            grads = stale(list(grads))
-        elif powersgd is not None:
-            grads = powersgd_average(powersgd, list(grads), labels, process_set)
+            _apply_predicting(self, apply, stale(list(grads)), trainable_variables)
         else:
-            grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
-                                        gradient_predivide_factor, process_set)
-        grads = [g * summed if g is not None and summed != 1 else g for g in grads]
-        return super(distributed, self)._backend_apply_gradients(grads, trainable_variables)
+            if stale is not None:
+                grads = stale(list(grads))
+            elif powersgd is not None:
+                grads = powersgd_average(powersgd, list(grads), labels, process_set)
+            else:
+                grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
+                                            gradient_predivide_factor, process_set)
+            apply([g * summed if g is not None and summed != 1 else g for g in grads], trainable_variables)
+        if load_balancer is not None:  # after the update (TensorFlow runs stateful calls in program order)
+            tf.numpy_function(_step_done(load_balancer), [], tf.int8, stateful=True)
 
     distributed = type(base.__name__, (base,), {"build": build, "_backend_apply_gradients": _backend_apply_gradients,
                                                  "__module__": base.__module__})
@@ -89,3 +104,23 @@ def _apply_predicting(optimizer, apply, grads, variables):
     for variable, update, old in zip(variables, updates, before, strict=True):
         update.assign(variable - old)
         variable.assign_add(update)
+
+
+def _weighted(balancer, grads):
+    """The gradients times this rank's weight in the step's batch (asked when they are ready, which
+    ends the timing of this rank's work)."""
+    def weight(_):
+        balancer.work_done()
+        return np.float32(balancer.weight())
+    # An input from the gradients, so that it runs once they are ready (after this batch was read).
+    ready = tf.add_n([tf.cast(tf.reshape(getattr(g, "values", g), [-1])[0], tf.float32)
+                      for g in grads if g is not None])
+    factor = tf.numpy_function(weight, [ready], tf.float32, stateful=True)
+    return [None if g is None else g * tf.cast(factor, g.dtype) for g in grads]
+
+
+def _step_done(balancer):
+    def done():
+        balancer.step_done()
+        return np.int8(0)
+    return done
