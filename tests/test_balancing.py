@@ -24,7 +24,7 @@ def train(out, size, *modes):
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16")
+    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16", "powersgd")
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,7 @@ def one_process(global_batches):
 def cases():
     """(fixture, mode, number of ranks balancing, expected shares, tolerance of the parameters)."""
     return [("two", "plain", [0.75, 0.25], 1e-5), ("two", "fp16", [0.75, 0.25], 2e-3),
+            ("two", "powersgd", [0.75, 0.25], 1e-4),
             ("three", "plain", [3 / 7, 3 / 7, 1 / 7], 1e-5), ("three", "set", [0.75, 0.25], 1e-5)]
 
 

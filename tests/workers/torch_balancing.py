@@ -6,6 +6,7 @@ parameters, to OUT_DIR/MODE/rankR.pt. Usage: torch_balancing.py OUT_DIR MODE...
 
 plain: every rank, uncompressed.
 fp16: every rank, gradients as float16.
+powersgd: every rank, PowerSGD of a rank that holds each gradient whole (so exact).
 set: a process set of the first two ranks balances among them (the last rank, the slow one, is
   outside it and does nothing); there the second rank is the slow one.
 """
@@ -33,6 +34,10 @@ dataset = TensorDataset(torch.randn(SAMPLES, torch_cases.FEATURES, generator=gen
 pair = rr.add_process_set([0, 1]) if "set" in sys.argv[2:] else None
 
 
+COMPRESSION = {"fp16": rr.Compression.fp16,
+               "powersgd": rr.PowerSGD(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0)}
+
+
 def train(mode):
     process_set = pair if mode == "set" else rr.global_process_set
     if not process_set.included():
@@ -44,7 +49,7 @@ def train(mode):
     net = torch_cases.model()
     opt = rr.DistributedOptimizer(torch_cases.optimizer("sgd", net.parameters()),
                                   named_parameters=net.named_parameters(), process_set=process_set,
-                                  compression=rr.Compression.fp16 if mode == "fp16" else rr.Compression.none,
+                                  compression=COMPRESSION.get(mode, rr.Compression.none),
                                   load_balancer=balancer)
     taken, shares, batches = [], [], []
     for epoch in range(EPOCHS):
