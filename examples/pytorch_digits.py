@@ -7,7 +7,8 @@ each rank its own shard, the wrapped optimizer, one broadcast so every rank star
 same weights, and averaging the metrics over ranks before rank 0 prints them.
 
 `--communication` trains with one of the options for slow links instead of synchronous averaging
-(docs/communication.md), e.g. `--communication powersgd`.
+(docs/communication.md), e.g. `--communication powersgd`. `--load-balancing` splits each global batch
+among the ranks by their measured speed (docs/load_balancing.md).
 """
 
 import argparse
@@ -31,7 +32,11 @@ parser.add_argument("--communication", default="synchronous",
                     choices=["synchronous", "bf16", "powersgd", "topk", "local-sgd", "stale"],
                     help="bf16 casts, PowerSGD rank 4, top-k 1 %% with error feedback, local SGD averaging "
                          "every 4 steps, or stale averaging (one step late)")
+parser.add_argument("--load-balancing", action="store_true",
+                    help="give faster ranks more of each global batch (not with --communication local-sgd)")
 args = parser.parse_args()
+if args.load_balancing and args.communication == "local-sgd":
+    parser.error("--load-balancing weights the averaged gradients; local SGD averages the model instead")
 
 rr.init()  # ringreduce
 torch.manual_seed(1234)
@@ -44,10 +49,15 @@ labels = torch.tensor(digits.target)
 train_x, test_x, train_y, test_y = train_test_split(images, labels, test_size=0.2, random_state=0,
                                                     stratify=labels)
 train_set, test_set = TensorDataset(train_x, train_y), TensorDataset(test_x, test_y)
-# ringreduce: each rank reads its own shard of the data.
-train_sampler = DistributedSampler(train_set, num_replicas=rr.size(), rank=rr.rank(), shuffle=True, seed=0)
+# ringreduce: each rank reads its own shard of the data (with load balancing: its share of each batch).
+balancer = rr.LoadBalancer(batch_size=args.batch_size * rr.size()) if args.load_balancing else None
+if balancer is not None:
+    train_sampler = rr.BalancedBatchSampler(train_set, balancer, shuffle=True, seed=0)
+    train_loader = DataLoader(train_set, batch_sampler=train_sampler)
+else:
+    train_sampler = DistributedSampler(train_set, num_replicas=rr.size(), rank=rr.rank(), shuffle=True, seed=0)
+    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
 test_sampler = DistributedSampler(test_set, num_replicas=rr.size(), rank=rr.rank(), shuffle=False)
-train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)
 test_loader = DataLoader(test_set, batch_size=256, sampler=test_sampler)
 
 model = torch.nn.Sequential(
@@ -68,7 +78,7 @@ def distributed(optimizer):
                    "topk": rr.Compression.error_feedback(rr.Compression.topk(0.01))}
     return rr.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                    compression=compression.get(args.communication, rr.Compression.none),
-                                   staleness=1 if args.communication == "stale" else 0)
+                                   staleness=1 if args.communication == "stale" else 0, load_balancer=balancer)
 
 
 optimizer = distributed(optimizer)

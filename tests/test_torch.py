@@ -243,10 +243,11 @@ def test_named_parameters_must_name_every_parameter_once():
         _parameter_names(groups, [("w", a)])
 
 
-def test_digits_example_reaches_95_percent(tmp_path):
+@pytest.mark.parametrize("options", [[], ["--load-balancing"]])
+def test_digits_example_reaches_95_percent(tmp_path, options):
     result = subprocess.run(
         [sys.executable, "-m", "ringreduce.launcher", "-np", "2", sys.executable,
-         os.path.join(EXAMPLES, "pytorch_digits.py"), "--checkpoint", str(tmp_path / "digits.pt")],
+         os.path.join(EXAMPLES, "pytorch_digits.py"), "--checkpoint", str(tmp_path / "digits.pt"), *options],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     final = [line for line in result.stdout.splitlines() if "test accuracy" in line][-1]
