@@ -10,8 +10,9 @@ class BalancedDataset(keras.utils.PyDataset):
     rank's part of every global batch of (x, y), split by the `LoadBalancer` that the model's
     `DistributedOptimizer(..., load_balancer=balancer)` weights the gradients with. The order is
     drawn from `seed` and the epoch (`shuffle`), the same on every rank, so fit must not shuffle the
-    batches itself: asked for them out of order, it raises. An epoch begins when Keras asks for the
-    first batch again after the last one (it also reads the first batches ahead of fit)."""
+    batches itself, and it reads them with one worker (PyDataset's default): asked for them out of
+    order, it raises. An epoch begins when Keras asks for the first batch again after the last one
+    (it also reads the first batches ahead of fit)."""
 
     def __init__(self, x, y, balancer, shuffle=True, seed=0, **kwargs):
         super().__init__(**kwargs)
