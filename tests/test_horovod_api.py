@@ -138,8 +138,9 @@ HOROVOD_TORCH_NAMES = ("Compression", "Average", "Sum", "Adasum", "Min", "Max", 
 EXTENSIONS = {
     ("torch", "join"): SET, ("torch", "broadcast_parameters"): SET, ("torch", "broadcast_optimizer_state"): SET,
     ("torch", "SyncBatchNorm"): SET, ("tensorflow", "join"): SET, ("keras", "join"): SET,
-    # One step stale averaging (docs/communication.md), after every argument of Horovod's.
-    **{(binding, "DistributedOptimizer"): "staleness=0, weight_prediction=True"
+    # Stale averaging (docs/communication.md) and load balancing (docs/load_balancing.md), after
+    # every argument of Horovod's.
+    **{(binding, "DistributedOptimizer"): "staleness=0, weight_prediction=True, load_balancer=None"
        for binding in ("torch", "tensorflow", "keras")},
 }
 

@@ -44,7 +44,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
                          op=core.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True,
-                         staleness=0, weight_prediction=True):
+                         staleness=0, weight_prediction=True, load_balancer=None):
     """`optimizer` with its gradients averaged over the ranks of `process_set`: a tf.compat.v1.train.Optimizer, or a
     Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
     check_groups(num_groups, groups)
@@ -57,12 +57,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                gradient_predivide_factor=gradient_predivide_factor, op=op,
                                backward_passes_per_step=backward_passes_per_step,
                                average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
-                               staleness=staleness, weight_prediction=weight_prediction)
+                               staleness=staleness, weight_prediction=weight_prediction,
+                               load_balancer=load_balancer)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(f"expected a tf.compat.v1.train.Optimizer or a Keras optimizer, got {optimizer!r}")
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step > 1 needs a Keras optimizer")
-    if staleness:
-        raise ValueError("staleness=1 needs a Keras optimizer")
+    if staleness or load_balancer is not None:
+        raise ValueError("staleness=1 and load balancing need a Keras optimizer")
     return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
                                  gradient_predivide_factor, process_set)
