@@ -76,6 +76,28 @@ def test_error_feedback_on_tensorflow_tensors():
     np.testing.assert_array_equal(feedback.residuals["w"].numpy(), (gradient - tf.cast(sent, tf.float32)).numpy())
 
 
+def test_tensorflow_error_feedback_and_dgc_keep_their_state_inside_tf_function_as_eagerly():
+    """The same three steps eagerly and in a tf.function (state in tf.Variables), against numpy."""
+    tf = pytest.importorskip("tensorflow")
+    from ringreduce.tensorflow.compression import Compression as TFCompression
+
+    steps = [np.array([1.0, -4.0, 2.0, 0.5], np.float32), np.ones(4, np.float32), np.full(4, -0.5, np.float32)]
+    for make, expected in ((lambda: TFCompression.error_feedback(TFCompression.topk(0.25)),
+                            [[0, -4, 0, 0], [0, 0, 3, 0], [1.5, 0, 0, 0]]),
+                           (lambda: TFCompression.dgc(ratio=0.25, momentum=0.5),
+                            [[0, -4, 0, 0], [0, 0, 4, 0], [2.75, 0, 0, 0]])):
+        eager, graph = make(), make()
+        in_graph = tf.function(lambda g, c=graph: c.decompress(*c.compress(g, "w")))
+        for step, want in zip(steps, expected, strict=True):
+            np.testing.assert_allclose(eager.decompress(*eager.compress(tf.constant(step), "w")).numpy(), want)
+            np.testing.assert_allclose(in_graph(tf.constant(step)).numpy(), want)
+        for name, value in eager.state_dict().items():
+            np.testing.assert_array_equal(value["w"], graph.state_dict()[name]["w"])
+        restored = make()
+        restored.load_state_dict(eager.state_dict())
+        assert all(np.array_equal(v["w"], eager.state_dict()[k]["w"]) for k, v in restored.state_dict().items())
+
+
 def test_a_compressor_with_state_per_tensor_needs_names():
     feedback = ErrorFeedback(Compression.fp16)
     with pytest.raises(ValueError, match="ErrorFeedback keeps state per tensor: give the call a name"):

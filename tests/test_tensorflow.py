@@ -184,6 +184,23 @@ def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up(misc):
         np.testing.assert_allclose(got["topk_graph"], (kept[0] + kept[1]) / 2, rtol=1e-6)
 
 
+def test_error_feedback_inside_tf_function_sends_what_it_kept_back_at_the_next_call(misc):
+    sent = [[], []]  # per rank, per call: its top 2 of its input plus what it kept back
+    for rank in range(2):
+        values = tf_cases.topk_input(rank).astype(np.float64)
+        residual = np.zeros_like(values)
+        for given in (values, np.zeros_like(values)):
+            corrected = given + residual
+            largest = np.argsort(-np.abs(corrected), axis=None)[:2]
+            kept = np.where(np.isin(np.arange(8), largest).reshape(2, 4), corrected, 0)
+            residual = corrected - kept
+            sent[rank].append(kept)
+    for got in misc:
+        for call in range(2):
+            np.testing.assert_allclose(got["feedback_graph"][call], sent[0][call] + sent[1][call], rtol=1e-6)
+    assert not np.allclose(misc[0]["feedback_graph"][0], misc[0]["feedback_graph"][1])
+
+
 def test_importing_ringreduce_does_not_import_tensorflow():
     code = "import sys, ringreduce; ringreduce.allreduce; print('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

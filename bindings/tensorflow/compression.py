@@ -24,18 +24,91 @@ class BF16Compressor(wire.BF16Compressor):
 
 
 class TopKCompressor(wire.TopK):
-    """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is.
-    Error feedback around it works eagerly."""
+    """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is."""
 
     def compress(self, tensor):
+        return self._sparse(tensor)[0], tensor.shape
+
+    def _sparse(self, tensor):
+        """(the tf.IndexedSlices of `tensor`'s largest entries, flattened; their indices)."""
         flat = tf.reshape(tensor, [-1])
         count = tensor.shape.num_elements()
         indices = tf.math.top_k(tf.abs(flat), self.count(count), sorted=False).indices
-        return tf.IndexedSlices(tf.gather(flat, indices), indices, dense_shape=[count]), tensor.shape
+        return tf.IndexedSlices(tf.gather(flat, indices), indices, dense_shape=[count]), indices
 
     def decompress(self, slices, shape):
         dense = tf.math.unsorted_segment_sum(slices.values, slices.indices, shape.num_elements())
         return tf.reshape(dense, shape)
+
+
+class _PerTensorVariables:
+    """State per tensor name in tf.Variables, made at a tensor's first call outside any graph (the
+    way Keras makes an optimizer's slots), so that a compressor keeps it eagerly, inside tf.function
+    and in fit's compiled step alike."""
+
+    def _variable(self, store, name, like):
+        if name not in store:
+            with tf.init_scope():
+                store[name] = tf.Variable(tf.zeros(like.shape, like.dtype), trainable=False)
+        return store[name]
+
+    @staticmethod
+    def _numpy(store):
+        return {name: variable.numpy() for name, variable in store.items()}
+
+    def _load(self, store, arrays):
+        for name, array in arrays.items():
+            self._variable(store, name, tf.convert_to_tensor(array)).assign(array)
+
+
+class ErrorFeedback(_PerTensorVariables, wire.ErrorFeedback):
+    """Error feedback (ringreduce.compression.ErrorFeedback) with its residuals in tf.Variables."""
+
+    def compress(self, tensor, name):
+        residual = self._variable(self.residuals, name, tensor)
+        corrected = tensor + residual
+        compressed, ctx = self.compressor.compress(corrected)
+        residual.assign(corrected - self.compressor.decompress(compressed, ctx))
+        return compressed, ctx
+
+    def state_dict(self):
+        return {"residuals": self._numpy(self.residuals)}
+
+    def load_state_dict(self, state):
+        self._load(self.residuals, state["residuals"])
+
+
+class DGCCompressor(_PerTensorVariables, TopKCompressor):
+    """Deep Gradient Compression's momentum correction around top-k, as PyTorch's
+    (ringreduce.torch.compression.DGCCompressor): u = momentum u + g, v += u, the `ratio` of v
+    largest in magnitude travels and those entries of u and v start again from zero. Use the
+    optimizer without momentum. Its state differs per rank."""
+
+    per_tensor_state = True
+
+    def __init__(self, ratio=0.01, momentum=0.9):
+        super().__init__(ratio)
+        self.momentum = momentum
+        self.velocities, self.accumulated = {}, {}  # name -> tf.Variable u, v of that gradient on this rank
+
+    def compress(self, tensor, name):
+        velocity = self._variable(self.velocities, name, tensor)
+        accumulated = self._variable(self.accumulated, name, tensor)
+        velocity.assign(self.momentum * velocity + tensor)
+        accumulated.assign_add(velocity)
+        sparse, sent = self._sparse(accumulated.read_value())
+        for state in (velocity, accumulated):
+            flat = tf.reshape(state, [-1])
+            restarted = tf.tensor_scatter_nd_update(flat, sent[:, None], tf.zeros_like(sparse.values))
+            state.assign(tf.reshape(restarted, tensor.shape))
+        return sparse, tensor.shape
+
+    def state_dict(self):
+        return {"velocities": self._numpy(self.velocities), "accumulated": self._numpy(self.accumulated)}
+
+    def load_state_dict(self, state):
+        self._load(self.velocities, state["velocities"])
+        self._load(self.accumulated, state["accumulated"])
 
 
 class Compression:
@@ -43,7 +116,8 @@ class Compression:
     fp16 = FP16Compressor
     bf16 = BF16Compressor
     topk = TopKCompressor
-    error_feedback = wire.ErrorFeedback  # around any of these (on this framework's tensors) or your own
+    dgc = DGCCompressor
+    error_feedback = ErrorFeedback  # around any of these (on this framework's tensors) or your own
 
 
 def in_engine(compression):

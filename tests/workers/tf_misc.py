@@ -92,6 +92,11 @@ sparse = tf.constant(tf_cases.topk_input(rank))
 report["topk"] = rr.allreduce(sparse, op=rr.Sum, compression=rr.Compression.topk(0.25), name="topk").numpy().tolist()
 report["topk_graph"] = tf.function(lambda t: rr.allreduce(t, compression=rr.Compression.topk(0.25),
                                                           name="topk.graph"))(sparse).numpy().tolist()
+# With error feedback inside a tf.function: a second call with zeros sends the largest of what the
+# first one kept back.
+feedback = rr.Compression.error_feedback(rr.Compression.topk(0.25))
+summed = tf.function(lambda t: rr.allreduce(t, op=rr.Sum, compression=feedback, name="feedback.graph"))
+report["feedback_graph"] = [summed(t).numpy().tolist() for t in (sparse, tf.zeros_like(sparse))]
 
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(report, f)
