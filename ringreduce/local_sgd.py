@@ -1,8 +1,13 @@
 """When local SGD averages (post-local SGD, torch.distributed's schedule): every step of the
 warm-up averages (gradients, or for an adapter that only sees the model, the model), then every
-`period`-th step from the end of the warm-up on, starting with its first. The adapters
-(ringreduce.torch's PeriodicModelAverager, ringreduce.tensorflow.keras's LocalSGDCallback) do the
-averaging; this is what they share."""
+`period`-th step from the end of the warm-up on, starting with its first; hierarchically, over
+groups of ranks that grow with the period. The adapters (ringreduce.torch's PeriodicModelAverager
+and HierarchicalModelAverager, ringreduce.tensorflow.keras's LocalSGDCallback and
+HierarchicalLocalSGDCallback) do the averaging; this is what they share."""
+
+import collections
+
+from ringreduce.process_sets import ProcessSet, add_process_set
 
 
 def check(period, warmup_steps):
@@ -16,3 +21,36 @@ def averages_after(step, period, warmup_steps):
     """Whether the model is averaged after local step `step` (counted from 0) that follows the
     warm-up."""
     return step >= warmup_steps and (step - warmup_steps) % period == 0
+
+
+def hierarchy(period_group_size_dict, process_set):
+    """{period: this rank's group}, largest period first, for averaging inside groups of
+    consecutive ranks of `process_set` often and across larger groups seldom (e.g. {1: 2, 4: 4}:
+    every step among pairs, every fourth among all four). The last group size must be the set's
+    size. Every rank of the set makes the groups' process sets together, here."""
+    if not period_group_size_dict:
+        raise ValueError("period_group_size_dict must name at least one period")
+    periods = sorted(period_group_size_dict)
+    sizes = [period_group_size_dict[p] for p in periods]
+    if sizes[-1] != process_set.size():
+        raise ValueError(f"the last group size ({sizes[-1]}) must be the size of the process set "
+                         f"({process_set.size()})")
+    if any(size < 1 or process_set.size() % size for size in sizes):
+        raise ValueError(f"every group size must divide the process set's size ({process_set.size()}), got {sizes}")
+    ranks = process_set.ranks
+    groups = collections.OrderedDict()
+    for period, size in reversed(list(zip(periods, sizes, strict=True))):
+        if size == len(ranks):
+            groups[period] = process_set
+        else:
+            made = [add_process_set(ProcessSet(ranks[start:start + size])) for start in range(0, len(ranks), size)]
+            groups[period] = next(s for s in made if s.included())
+    return groups
+
+
+def group_after(groups, step, warmup_steps):
+    """The group that averages after local step `step` (the largest period that divides its
+    count from the end of the warm-up), or None: during the warm-up, or a step no period divides."""
+    if step < warmup_steps:
+        return None
+    return next((group for period, group in groups.items() if (step - warmup_steps) % period == 0), None)

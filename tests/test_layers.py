@@ -28,13 +28,12 @@ LAYERS = (
     ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
                     "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
                     "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
-                    "ringreduce.powersgd", "ringreduce.load_balancing")),
+                    "ringreduce.powersgd", "ringreduce.load_balancing", "ringreduce.local_sgd")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
     ("machine", ("ringreduce.machine",)),
-    ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.errors",
-                     "ringreduce.local_sgd")),
+    ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.errors")),
 )
 # Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the
 # algorithms and what talks to the machine own MPI objects; the engine loop, the negotiation, fusion,

@@ -68,7 +68,7 @@ EQUAL_TO_ONE_PROCESS = {
 def trained(tmp_path_factory):
     """Every training run of these tests, one after another in one job (TensorFlow starts once)."""
     out = tmp_path_factory.mktemp("tf_train")
-    runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none",
+    runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none", "local-hier-none",
             "fit-stale-none", "fit-stale-plain-none"]
     job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -103,6 +103,13 @@ def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_
     first, second = trained["local-none"]
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(first, reference, strict=True))
+
+
+def test_keras_hierarchical_local_sgd_averages_each_group_at_its_period(trained):
+    """{1: 1, 2: 2} at 2 ranks: each rank alone after every batch (nothing to average), both after
+    every second: exactly local SGD with period 2."""
+    for hierarchical, periodic in zip(trained["local-hier-none"], trained["local-none"], strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(hierarchical, periodic, strict=True))
 
 
 def test_keras_local_sgd_with_an_outer_optimizer_steps_from_the_last_average(trained):

@@ -17,12 +17,10 @@ model held at that average, for example Nesterov momentum:
         params, lr=0.7, momentum=0.9, nesterov=True))
 """
 
-import collections
-
 import torch
 from ringreduce import local_sgd as schedule
 from ringreduce import ops
-from ringreduce.process_sets import ProcessSet, add_process_set, global_process_set
+from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 
 
@@ -61,32 +59,11 @@ class HierarchicalModelAverager(PeriodicModelAverager):
     the groups' process sets together when this is built."""
 
     def __init__(self, period_group_size_dict, warmup_steps=0, process_set=global_process_set):
-        if not period_group_size_dict:
-            raise ValueError("period_group_size_dict must name at least one period")
-        periods = sorted(period_group_size_dict)
-        sizes = [period_group_size_dict[p] for p in periods]
-        if sizes[-1] != process_set.size():
-            raise ValueError(f"the last group size ({sizes[-1]}) must be the size of the process set "
-                             f"({process_set.size()})")
-        if any(size < 1 or process_set.size() % size for size in sizes):
-            raise ValueError(f"every group size must divide the process set's size ({process_set.size()}), got "
-                             f"{sizes}")
-        super().__init__(periods[0], warmup_steps, process_set)
-        ranks = process_set.ranks
-        self._groups = collections.OrderedDict()  # period -> this rank's group, largest period first
-        for period, size in reversed(list(zip(periods, sizes, strict=True))):
-            groups = [ranks[start:start + size] for start in range(0, len(ranks), size)]
-            if size == len(ranks):
-                self._groups[period] = process_set
-            else:
-                made = [add_process_set(ProcessSet(group)) for group in groups]
-                self._groups[period] = next(s for s in made if s.included())
+        self._groups = schedule.hierarchy(period_group_size_dict, process_set)
+        super().__init__(min(self._groups), warmup_steps, process_set)
 
     def _set_for(self, step):
-        if step < self.warmup_steps:
-            return None
-        local_step = step - self.warmup_steps
-        return next((group for period, group in self._groups.items() if local_step % period == 0), None)
+        return schedule.group_after(self._groups, step, self.warmup_steps)
 
 
 class PostLocalSGDOptimizer(torch.optim.Optimizer):

@@ -12,6 +12,7 @@ from ringreduce.tensorflow.keras import callbacks  # noqa: F401
 from ringreduce.tensorflow.keras.balancing import BalancedDataset  # noqa: F401
 from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
+    HierarchicalLocalSGDCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
     LocalSGDCallback,

@@ -136,16 +136,23 @@ class LocalSGDCallback(keras.callbacks.Callback):
         self.step = 0
         self._anchor = None  # with an outer optimizer: the trainable weights as of the last average
 
+    def _set_for(self, step):
+        """The set to average over after this step, or None."""
+        if step < self.warmup_steps or local_sgd.averages_after(step, self.period, self.warmup_steps):
+            return self.process_set
+        return None
+
     def on_train_batch_end(self, batch, logs=None):
         step, self.step = self.step, self.step + 1
-        if step >= self.warmup_steps and not local_sgd.averages_after(step, self.period, self.warmup_steps):
+        process_set = self._set_for(step)
+        if process_set is None:
             return
         variables = list(self.model.variables)
         optimizer = self.model.optimizer
         if self.average_optimizer_state and optimizer is not None:
             variables += [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
         values = [np.array(v.numpy()) for v in variables]
-        core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=self.process_set)
+        core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=process_set)
         for variable, value in zip(variables, values, strict=True):
             variable.assign(value)
         if self.outer_optimizer is not None and step >= self.warmup_steps:
@@ -159,3 +166,22 @@ class LocalSGDCallback(keras.callbacks.Callback):
         self.outer_optimizer.apply_gradients(zip(change, self._anchor, strict=True))
         for anchor, variable in zip(self._anchor, trainable, strict=True):
             variable.assign(anchor.numpy())
+
+
+class HierarchicalLocalSGDCallback(LocalSGDCallback):
+    """Hierarchical local SGD for Keras, as ringreduce.torch's HierarchicalModelAverager:
+    `period_group_size_dict` ({period: group size}, e.g. {1: 2, 4: 4}: after every batch among
+    pairs of consecutive ranks, after every fourth among all four); after each batch the largest
+    period that divides its count chooses the group; the warm-up averages over the whole set. The
+    last group size must be the size of `process_set`. Every rank makes the groups' process sets
+    together when this is built."""
+
+    def __init__(self, period_group_size_dict, warmup_steps=0, average_optimizer_state=True,
+                 process_set=global_process_set):
+        self._groups = local_sgd.hierarchy(period_group_size_dict, process_set)
+        super().__init__(min(self._groups), warmup_steps, average_optimizer_state, process_set)
+
+    def _set_for(self, step):
+        if step < self.warmup_steps:
+            return self.process_set
+        return local_sgd.group_after(self._groups, step, self.warmup_steps)
