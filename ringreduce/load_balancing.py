@@ -50,6 +50,7 @@ class LoadBalancer:
         self._window = np.zeros(2)  # this rank's samples and compute seconds since the last exchange
         self._clock = None  # when the last step ended: this rank's work since then is timed
         self._work = None  # this step's compute seconds, once its gradients are ready
+        self._waited = 0.0  # seconds of this step spent in collectives inside the model (SyncBatchNorm's)
 
     @property
     def shares(self):
@@ -100,11 +101,17 @@ class LoadBalancer:
         count, total = self._taken[self.steps]
         return count * len(self.shares) / total
 
+    def waited(self, seconds):
+        """This rank spent `seconds` of the step in a collective inside the model (waiting for the
+        others as much as working): not counted as its work."""
+        self._waited += seconds
+
     def work_done(self):
-        """This step's gradients are ready: the time since the last step ended is this rank's work
-        (loading, forward, backward); not timed before the first step."""
+        """This step's gradients are ready: the time since the last step ended, less what it waited
+        in collectives, is this rank's work (loading, forward, backward); not timed before the first
+        step."""
         if self._work is None and self._clock is not None:
-            self._work = time.perf_counter() - self._clock
+            self._work = time.perf_counter() - self._clock - self._waited
 
     def step_done(self):
         """This step's update is done; every `interval` steps the ranks decide a new split."""
@@ -115,7 +122,7 @@ class LoadBalancer:
         self.steps += 1
         if (self.steps - self._first) % self.interval == 0:
             self._rebalance()
-        self._work, self._clock = None, time.perf_counter()
+        self._work, self._waited, self._clock = None, 0.0, time.perf_counter()
 
     def _rebalance(self):
         windows = collectives.allgather(self._window.reshape(1, 2), name="load_balancing.speeds",

@@ -24,7 +24,7 @@ def train(out, size, *modes):
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16", "powersgd")
+    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16", "powersgd", "syncbn")
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +32,13 @@ def three(tmp_path_factory):
     return train(tmp_path_factory.mktemp("balancing3"), 3, "plain", "set")
 
 
-def one_process(global_batches):
-    """The same global batches in one process, each the mean over the whole batch."""
+def one_process(global_batches, norm=None):
+    """The same global batches in one process, each the mean over the whole batch (with `norm`
+    in the model: BatchNorm over the whole batch)."""
     generator = torch.Generator().manual_seed(2)
     features = torch.randn(SAMPLES, torch_cases.FEATURES, generator=generator)
     labels = torch.randint(0, torch_cases.CLASSES, (SAMPLES,), generator=generator)
-    net = torch_cases.model()
+    net = torch_cases.model(norm)
     opt = torch_cases.optimizer("sgd", net.parameters())
     for batch in global_batches:
         opt.zero_grad()
@@ -49,7 +50,7 @@ def one_process(global_batches):
 def cases():
     """(fixture, mode, number of ranks balancing, expected shares, tolerance of the parameters)."""
     return [("two", "plain", [0.75, 0.25], 1e-5), ("two", "fp16", [0.75, 0.25], 2e-3),
-            ("two", "powersgd", [0.75, 0.25], 1e-4),
+            ("two", "powersgd", [0.75, 0.25], 1e-4), ("two", "syncbn", [0.75, 0.25], 1e-5),
             ("three", "plain", [3 / 7, 3 / 7, 1 / 7], 1e-5), ("three", "set", [0.75, 0.25], 1e-5)]
 
 
@@ -58,7 +59,7 @@ def cases():
 def test_balanced_training_equals_one_process_on_the_same_batches(request, job, mode, expected, tolerance):
     ranks = request.getfixturevalue(job)[mode]
     assert len(ranks) == len(expected)  # the set's ranks only
-    reference = one_process(ranks[0]["global"])
+    reference = one_process(ranks[0]["global"], torch.nn.BatchNorm1d(16) if mode == "syncbn" else None)
     for got in ranks:
         for name, value in reference.items():
             torch.testing.assert_close(got["parameters"][name], value.detach(), rtol=tolerance, atol=tolerance)

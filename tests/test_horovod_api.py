@@ -137,7 +137,7 @@ HOROVOD_TORCH_NAMES = ("Compression", "Average", "Sum", "Adasum", "Min", "Max", 
 # call has none.
 EXTENSIONS = {
     ("torch", "join"): SET, ("torch", "broadcast_parameters"): SET, ("torch", "broadcast_optimizer_state"): SET,
-    ("torch", "SyncBatchNorm"): SET, ("tensorflow", "join"): SET, ("keras", "join"): SET,
+    ("torch", "SyncBatchNorm"): f"{SET}, load_balancer=None", ("tensorflow", "join"): SET, ("keras", "join"): SET,
     # Stale averaging (docs/communication.md) and load balancing (docs/load_balancing.md), after
     # every argument of Horovod's.
     **{(binding, "DistributedOptimizer"): "staleness=0, weight_prediction=True, load_balancer=None"

@@ -9,9 +9,11 @@ import cases
 BATCH, FEATURES, CLASSES, STEPS = 32, 8, 4, 5
 
 
-def model():
+def model(norm=None):
+    """The MLP, with `norm` (a batch norm of 16 features) after its first layer if given."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), *([norm] if norm is not None else []), torch.nn.Tanh(),
+                               torch.nn.Linear(16, CLASSES))
 
 
 def data():

@@ -7,6 +7,7 @@ parameters, to OUT_DIR/MODE/rankR.pt. Usage: torch_balancing.py OUT_DIR MODE...
 plain: every rank, uncompressed.
 fp16: every rank, gradients as float16.
 powersgd: every rank, PowerSGD of a rank that holds each gradient whole (so exact).
+syncbn: every rank, the model with a SyncBatchNorm after its first layer.
 set: a process set of the first two ranks balances among them (the last rank, the slow one, is
   outside it and does nothing); there the second rank is the slow one.
 """
@@ -46,7 +47,8 @@ def train(mode):
     balancer = rr.LoadBalancer(BATCH, interval=3, damping=0.5, process_set=process_set)
     sampler = rr.BalancedBatchSampler(dataset, balancer, shuffle=True, seed=7)
     loader = DataLoader(dataset, batch_sampler=sampler)
-    net = torch_cases.model()
+    net = torch_cases.model(rr.SyncBatchNorm(16, process_set=process_set, load_balancer=balancer)
+                            if mode == "syncbn" else None)
     opt = rr.DistributedOptimizer(torch_cases.optimizer("sgd", net.parameters()),
                                   named_parameters=net.named_parameters(), process_set=process_set,
                                   compression=COMPRESSION.get(mode, rr.Compression.none),
