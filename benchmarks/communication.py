@@ -65,6 +65,8 @@ VARIANTS = {
     "top-k 1 % with error feedback": distributed(compression=rr.Compression.error_feedback(rr.Compression.topk(0.01))),
     "top-k 1 % with DGC's momentum correction": distributed(compression=rr.Compression.dgc(0.01)),
     "local SGD H=4": ours(lambda model, local: rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=4))),
+    "local SGD H=4, changes as bf16": ours(lambda model, local: rr.PostLocalSGDOptimizer(
+        local, rr.PeriodicModelAverager(period=4, compression=rr.Compression.bf16))),
     "stale averaging": distributed(staleness=1),
     "stale averaging without weight prediction": distributed(staleness=1, weight_prediction=False),
     "DDP on gloo": ddp(),

@@ -23,7 +23,7 @@ SIZE = 4  # ranks: hierarchical local SGD averages pairs and all four
 def trained(tmp_path_factory):
     """Every option at 4 ranks, in one job."""
     return train(tmp_path_factory.mktemp("averaging"), SIZE, "stale", "stale-plain", "stale-loaded",
-                 "local", "diloco", "hierarchical")
+                 "local", "local-bf16", "diloco", "hierarchical")
 
 
 def mean_gradients(replicas, replica=None):
@@ -124,10 +124,12 @@ def test_stale_averaging_applies_the_last_steps_average_the_same_on_every_rank(t
         assert_close(at(got[rank], "final"), dict(zip(at(got[rank], 0), true, strict=True)))
 
 
-@pytest.mark.parametrize("mode", ["local", "diloco"])
+@pytest.mark.parametrize("mode", ["local", "local-bf16", "diloco"])
 def test_local_sgd_averages_every_period_after_the_warm_up(trained, mode):
+    """local-bf16: each average after the first adds the mean of the ranks' changes since the last
+    one, as bfloat16, to the model of the last one."""
     got = trained[mode]
-    replicas, anchor, outer = Replicas(SIZE), None, None
+    replicas, anchor, outer, last = Replicas(SIZE), None, None, None
     everyone = list(range(SIZE))
     for step in range(torch_cases.STEPS):
         if step < 2:  # warm-up: gradients averaged
@@ -141,10 +143,20 @@ def test_local_sgd_averages_every_period_after_the_warm_up(trained, mode):
         for opt in replicas.opts:
             opt.step()
         averages = step >= 2 and step % 2 == 0
-        if averages:
+        if averages and mode == "local-bf16" and last is not None:
+            plain = {name: torch.stack([replicas.state(rank)[name] for rank in everyone]).mean(0)
+                     for name in replicas.state(0)}
+            for i, previous in enumerate(last):
+                changes = [replicas.parameters(rank)[i].detach() - previous for rank in everyone]
+                previous.add_(torch.stack([c.to(torch.bfloat16).float() for c in changes]).mean(0))
+                for rank in everyone:
+                    replicas.parameters(rank)[i].data.copy_(previous)
+        elif averages:
             replicas.average(replicas.parameters, everyone)
             if mode == "local":
                 replicas.average(replicas.momenta, everyone)
+            elif mode == "local-bf16":
+                last = [p.detach().clone() for p in replicas.parameters(0)]
             elif anchor is None:
                 anchor = [p.detach().clone() for p in replicas.parameters(0)]
                 outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9, nesterov=True)
@@ -156,13 +168,20 @@ def test_local_sgd_averages_every_period_after_the_warm_up(trained, mode):
                     for a, p in zip(anchor, replicas.parameters(rank), strict=True):
                         p.data.copy_(a.detach())
         for rank in everyone:
-            assert_close(at(got[rank], step), replicas.state(rank))
+            if mode == "local-bf16":  # the ring adds bfloat16 in its own order
+                torch.testing.assert_close(at(got[rank], step), replicas.state(rank), rtol=0, atol=5e-4)
+            else:
+                assert_close(at(got[rank], step), replicas.state(rank))
         # Identical through the warm-up and right after each average; apart in between.
         assert same_everywhere(got, step) == (step < 2 or averages), step
     # On the wire: the gradients during the warm-up, then the parameters (and with the optimizer
-    # state, as many bytes of momentum) every second step, nothing in between.
+    # state, as many bytes of momentum; with bf16 after the first, half) every second step, nothing
+    # in between.
     averaged = MODEL_BYTES * (2 if mode == "local" else 1)
-    assert got[0]["wire"].tolist() == [MODEL_BYTES, MODEL_BYTES, averaged, 0, averaged]
+    later = MODEL_BYTES // 2 if mode == "local-bf16" else averaged
+    assert got[0]["wire"].tolist() == [MODEL_BYTES, MODEL_BYTES, averaged, 0, later]
+    if mode == "local-bf16":  # not the plain average of the models: the bfloat16 rounding shows
+        assert not same_bits(at(got[0], 4), plain)
 
 
 def test_hierarchical_local_sgd_averages_pairs_every_step_and_all_every_second(trained):

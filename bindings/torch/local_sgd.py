@@ -22,16 +22,27 @@ from ringreduce import local_sgd as schedule
 from ringreduce import ops
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
+from ringreduce.torch.compression import Compression, in_engine
 
 
 class PeriodicModelAverager:
-    """Averages parameters every `period` steps from step `warmup_steps` on, over `process_set`."""
+    """Averages parameters every `period` steps from step `warmup_steps` on, over `process_set`.
 
-    def __init__(self, period, warmup_steps=0, process_set=global_process_set, outer_optimizer=None):
+    `compression` (ringreduce's: `Compression.fp16` or `bf16`) sends each average's change of the
+    model since the last average in that dtype instead of the model in full: every rank then adds
+    the same averaged change to the same model, so the replicas still hold the same bits after each
+    average, with half the bytes (the first average, which sets that model, goes in full)."""
+
+    def __init__(self, period, warmup_steps=0, process_set=global_process_set, outer_optimizer=None,
+                 compression=Compression.none):
         schedule.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.step = 0
         self._outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
+        self._compression = None if compression is Compression.none else in_engine(compression)
+        if compression is not Compression.none and self._compression is None:
+            raise ValueError("a model averager compresses with Compression.fp16 or Compression.bf16")
+        self._last_average = None  # with compression: the model right after the last average
 
     def _set_for(self, step):
         """The set this step averages over, or None when it does not average."""
@@ -45,10 +56,29 @@ class PeriodicModelAverager:
         if process_set is None:
             return None
         parameters = _parameters(params)
-        _average([p.data for p in parameters], process_set, "local_sgd.parameters")
+        if self._last_average is None:
+            _average([p.data for p in parameters], process_set, "local_sgd.parameters")
+        else:
+            self._average_changes(parameters, process_set)
         if self._outer is not None:
             self._outer.step(parameters)
+        if self._compression is not None and self._last_average is None:
+            self._last_average = [p.detach().clone() for p in parameters]
+        elif self._compression is not None:  # after an outer step too
+            for last, parameter in zip(self._last_average, parameters, strict=True):
+                last.copy_(parameter)
         return process_set
+
+    def _average_changes(self, parameters, process_set):
+        """The model since the last average, averaged in the compression's dtype, added to it."""
+        with torch.no_grad():
+            changes = [p - last for p, last in zip(parameters, self._last_average, strict=True)]
+            handles = [tensors.engine_allreduce_async_(change, ops.Average, f"local_sgd.changes.{i}",
+                                                       compression=self._compression, process_set=process_set)
+                       for i, change in enumerate(changes)]
+            for parameter, last, change, handle in zip(parameters, self._last_average, changes, handles, strict=True):
+                handle.wait()
+                parameter.copy_(last.add_(change))
 
 
 class HierarchicalModelAverager(PeriodicModelAverager):

@@ -8,6 +8,8 @@ stale-loaded: as stale; before step 3 the model loads the parameters it had afte
   checkpoint), which become its true weights.
 local: PostLocalSGDOptimizer with PeriodicModelAverager(period=2, warmup_steps=2), optimizer
   state averaged too.
+local-bf16: PeriodicModelAverager(period=2, warmup_steps=2, compression=bf16), optimizer state not
+  averaged: the change since the last average travels as bfloat16.
 diloco: as local, with an outer Nesterov step at each average.
 hierarchical: HierarchicalModelAverager({1: 2, 2: 4}), no warm-up (4 ranks).
 """
@@ -34,6 +36,9 @@ def optimizer(mode, net):
     if mode == "local":
         return rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=2, warmup_steps=2),
                                         average_optimizer_state=True)
+    if mode == "local-bf16":
+        return rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(period=2, warmup_steps=2,
+                                                                        compression=rr.Compression.bf16))
     if mode == "diloco":
         return rr.PostLocalSGDOptimizer(local, rr.PeriodicModelAverager(
             period=2, warmup_steps=2,
