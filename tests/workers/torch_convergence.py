@@ -30,9 +30,9 @@ def distributed(compression=rr.Compression.none, staleness=0, momentum=0.9):
     return make
 
 
-def local_sgd(period):
+def local_sgd(period, compression=rr.Compression.none):
     return lambda model: rr.PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                                  rr.PeriodicModelAverager(period=period))
+                                                  rr.PeriodicModelAverager(period=period, compression=compression))
 
 
 OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per run)
@@ -48,6 +48,7 @@ OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per 
     "top-k 1 % with DGC's momentum correction": lambda: distributed(rr.Compression.dgc(0.01, momentum=0.9),
                                                                     momentum=0.0),
     "local SGD H=4": lambda: local_sgd(4),
+    "local SGD H=4, changes as bf16": lambda: local_sgd(4, rr.Compression.bf16),
     "stale averaging": lambda: distributed(staleness=1),
     "drop (negative control)": lambda: distributed(Drop),
 }
