@@ -69,6 +69,7 @@ def trained(tmp_path_factory):
     """Every training run of these tests, one after another in one job (TensorFlow starts once)."""
     out = tmp_path_factory.mktemp("tf_train")
     runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none", "local-hier-none",
+            "local-bf16-none",
             "fit-stale-none", "fit-stale-plain-none"]
     job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
@@ -103,6 +104,16 @@ def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_
     first, second = trained["local-none"]
     assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(first, reference, strict=True))
+
+
+def test_keras_local_sgd_with_bf16_changes_ends_the_same_on_every_rank_near_the_full_average(trained):
+    """Averages after batches 0 (in full), 2 and 4 (the changes as bfloat16)."""
+    first, second = trained["local-bf16-none"]
+    assert all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+    full = trained["local-none"][0]
+    for value, expected in zip(first, full, strict=True):
+        np.testing.assert_allclose(value, expected, rtol=0, atol=2e-3)
+    assert not all(np.array_equal(a, b) for a, b in zip(first, full, strict=True))  # the rounding shows
 
 
 def test_keras_hierarchical_local_sgd_averages_each_group_at_its_period(trained):

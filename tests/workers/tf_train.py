@@ -4,8 +4,9 @@ each run's final weights to OUT_DIR/RUN/rank{r}.npz. Usage: tf_train.py OUT_DIR 
 A RUN is MODE-COMPRESSION: MODE one of tape, fit, fit2 (backward_passes_per_step=2), fit-stale
 (staleness=1), fit-stale-plain (staleness=1, weight_prediction=False), local-sync and local
 (LocalSGDCallback, averaging every batch and every second), local-outer1 and local-diloco (local,
-with an outer SGD of rate 1, and DiLoCo's outer Nesterov), local-hier (HierarchicalLocalSGDCallback
-{1: 1, 2: 2}: each rank alone after every batch, both after every second);
+with an outer SGD of rate 1, and DiLoCo's outer Nesterov), local-bf16 (local, the averages'
+changes as bfloat16), local-hier (HierarchicalLocalSGDCallback {1: 1, 2: 2}: each rank alone after
+every batch, both after every second);
 COMPRESSION a name in rr.Compression, or powersgd."""
 
 import os
@@ -54,7 +55,8 @@ def train(mode, compression):
         outer = {"local-outer1": keras.optimizers.SGD(1.0),  # moves the copy exactly to the average
                  "local-diloco": keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)}.get(mode)
         averaging = rr.HierarchicalLocalSGDCallback({1: 1, 2: 2}) if mode == "local-hier" else rr.LocalSGDCallback(
-            period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0, outer_optimizer=outer)
+            period=2, warmup_steps=tf_cases.STEPS if mode == "local-sync" else 0, outer_optimizer=outer,
+            compression=rr.Compression.bf16 if mode == "local-bf16" else rr.Compression.none)
         net.fit(x, y, batch_size=tf_cases.BATCH // rr.size(), epochs=1, shuffle=False, verbose=0,
                 callbacks=[averaging])
     else:

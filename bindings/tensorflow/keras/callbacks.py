@@ -6,6 +6,7 @@ import numpy as np
 import ringreduce as core
 from ringreduce import local_sgd
 from ringreduce.process_sets import global_process_set
+from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.tensorflow.tensors import broadcast_
 
 
@@ -124,10 +125,14 @@ class LocalSGDCallback(keras.callbacks.Callback):
     `outer_optimizer` (a Keras optimizer, e.g. SGD(0.7, momentum=0.9, nesterov=True): DiLoCo) makes
     each average after the warm-up a step of its own on the trainable weights, as ringreduce.torch's
     PeriodicModelAverager does: a copy of them as of the last average moves along the ranks' mean
-    change since then; the first average only sets the copy."""
+    change since then; the first average only sets the copy.
+
+    `compression` (`Compression.fp16` or `bf16`) sends each average's change of the model's weights
+    since the last average in that dtype, as ringreduce.torch's PeriodicModelAverager does: the
+    first average goes in full, the optimizer state always does."""
 
     def __init__(self, period, warmup_steps=0, average_optimizer_state=True, process_set=global_process_set,
-                 outer_optimizer=None):
+                 outer_optimizer=None, compression=Compression.none):
         super().__init__()
         local_sgd.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
@@ -135,6 +140,10 @@ class LocalSGDCallback(keras.callbacks.Callback):
         self.outer_optimizer = outer_optimizer
         self.step = 0
         self._anchor = None  # with an outer optimizer: the trainable weights as of the last average
+        self._compression = None if compression is Compression.none else in_engine(compression)
+        if compression is not Compression.none and self._compression is None:
+            raise ValueError("LocalSGDCallback compresses with Compression.fp16 or Compression.bf16")
+        self._last_average = None  # with compression: the weights right after the last average
 
     def _set_for(self, step):
         """The set to average over after this step, or None."""
@@ -147,16 +156,31 @@ class LocalSGDCallback(keras.callbacks.Callback):
         process_set = self._set_for(step)
         if process_set is None:
             return
-        variables = list(self.model.variables)
+        weights = list(self.model.variables)
         optimizer = self.model.optimizer
+        in_full = weights if self._last_average is None else []
         if self.average_optimizer_state and optimizer is not None:
-            variables += [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
-        values = [np.array(v.numpy()) for v in variables]
-        core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=process_set)
-        for variable, value in zip(variables, values, strict=True):
+            in_full = in_full + [v for v in optimizer.variables
+                                 if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+        if self._last_average is not None:
+            self._average_changes(weights, process_set)
+        values = [np.array(v.numpy()) for v in in_full]
+        if values:
+            core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=process_set)
+        for variable, value in zip(in_full, values, strict=True):
             variable.assign(value)
         if self.outer_optimizer is not None and step >= self.warmup_steps:
             self._outer_step(self.model.trainable_variables)
+        if self._compression is not None:
+            self._last_average = [np.array(v.numpy()) for v in weights]
+
+    def _average_changes(self, weights, process_set):
+        """The weights since the last average, averaged in the compression's dtype, added to it."""
+        changes = [np.array(v.numpy()) - last for v, last in zip(weights, self._last_average, strict=True)]
+        core.grouped_allreduce_(changes, op=core.Average, name="keras.local_sgd.changes",
+                                compression=self._compression, process_set=process_set)
+        for variable, last, change in zip(weights, self._last_average, changes, strict=True):
+            variable.assign(last + change)
 
     def _outer_step(self, trainable):
         if self._anchor is None:
