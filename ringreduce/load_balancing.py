@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ringreduce import collectives
+from ringreduce.ops import Average
 from ringreduce.process_sets import global_process_set
 
 
@@ -51,6 +52,14 @@ class LoadBalancer:
         self._clock = None  # when the last step ended: this rank's work since then is timed
         self._work = None  # this step's compute seconds, once its gradients are ready
         self._waited = 0.0  # seconds of this step spent in collectives inside the model (SyncBatchNorm's)
+
+    def check_optimizer(self, process_set, backward_passes_per_step, op):
+        """Raise unless an optimizer of these arguments can weight its gradients by this split."""
+        if backward_passes_per_step != 1 or op != Average:
+            raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
+                             "backward_passes_per_step=1")
+        if self.process_set is not process_set:
+            raise ValueError("the load balancer must split among the optimizer's process set")
 
     @property
     def shares(self):
@@ -95,11 +104,15 @@ class LoadBalancer:
     def weight(self):
         """The factor for this step's gradients (the mean over this rank's samples): its share of
         the batch times the number of ranks, so that averaging over the ranks gives the batch's mean."""
+        count, total = self._this_steps_batch()
+        return count * len(self.shares) / total
+
+    def _this_steps_batch(self):
+        """(this rank's count, the batch's size) of the step training is at."""
         if self.steps not in self._taken:
             raise RuntimeError(f"the load balancer has no batch for step {self.steps}: take the batches from its "
                                "sampler, one per step")
-        count, total = self._taken[self.steps]
-        return count * len(self.shares) / total
+        return self._taken[self.steps]
 
     def waited(self, seconds):
         """This rank spent `seconds` of the step in a collective inside the model (waiting for the
@@ -115,8 +128,8 @@ class LoadBalancer:
 
     def step_done(self):
         """This step's update is done; every `interval` steps the ranks decide a new split."""
-        self.weight()  # the check that this step had a batch
-        count, _ = self._taken.pop(self.steps)
+        count, _ = self._this_steps_batch()
+        del self._taken[self.steps]
         if self._work is not None:
             self._window += (count, self._work)
         self.steps += 1

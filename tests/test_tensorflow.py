@@ -113,7 +113,8 @@ def test_keras_local_sgd_with_bf16_changes_ends_the_same_on_every_rank_near_the_
     full = trained["local-none"][0]
     for value, expected in zip(first, full, strict=True):
         np.testing.assert_allclose(value, expected, rtol=0, atol=2e-3)
-    assert not all(np.array_equal(a, b) for a, b in zip(first, full, strict=True))  # the rounding shows
+    # bfloat16's rounding shows, far beyond what float32 changes would differ by (about 1e-7 here)
+    assert max(np.abs(a - b).max() for a, b in zip(first, full, strict=True)) > 1e-5
 
 
 def test_keras_hierarchical_local_sgd_averages_each_group_at_its_period(trained):

@@ -64,7 +64,7 @@ class PeriodicModelAverager:
             self._outer.step(parameters)
         if self._compression is not None and self._last_average is None:
             self._last_average = [p.detach().clone() for p in parameters]
-        elif self._compression is not None:  # after an outer step too
+        elif self._compression is not None and self._outer is not None:  # the outer step moved the model
             for last, parameter in zip(self._last_average, parameters, strict=True):
                 last.copy_(parameter)
         return process_set

@@ -43,11 +43,8 @@ class _DistributedOptimizer:
         # written: a later in-place write, a loaded checkpoint or a broadcast, makes that the true value).
         self._true_weights = {} if staleness and weight_prediction else None
         self._scratches = {}  # (dtype, device) -> a flat buffer as large as the largest such parameter
-        if load_balancer is not None and (backward_passes_per_step != 1 or op != core.Average):
-            raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
-                             "backward_passes_per_step=1")
-        if load_balancer is not None and load_balancer.process_set is not process_set:
-            raise ValueError("the load balancer must split among the optimizer's process set")
+        if load_balancer is not None:
+            load_balancer.check_optimizer(process_set, backward_passes_per_step, op)
         self._balancer = load_balancer
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)

@@ -169,9 +169,10 @@ class LocalSGDCallback(keras.callbacks.Callback):
             core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=process_set)
         for variable, value in zip(in_full, values, strict=True):
             variable.assign(value)
-        if self.outer_optimizer is not None and step >= self.warmup_steps:
+        outer = self.outer_optimizer is not None and step >= self.warmup_steps
+        if outer:
             self._outer_step(self.model.trainable_variables)
-        if self._compression is not None:
+        if self._compression is not None and (self._last_average is None or outer):
             self._last_average = [np.array(v.numpy()) for v in weights]
 
     def _average_changes(self, weights, process_set):
@@ -180,7 +181,8 @@ class LocalSGDCallback(keras.callbacks.Callback):
         core.grouped_allreduce_(changes, op=core.Average, name="keras.local_sgd.changes",
                                 compression=self._compression, process_set=process_set)
         for variable, last, change in zip(weights, self._last_average, changes, strict=True):
-            variable.assign(last + change)
+            last += change
+            variable.assign(last)
 
     def _outer_step(self, trainable):
         if self._anchor is None:

@@ -48,11 +48,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     predicts = bool(staleness and weight_prediction)
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-    if load_balancer is not None and (backward_passes_per_step != 1 or op != core.Average):
-        raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
-                         "backward_passes_per_step=1")
-    if load_balancer is not None and load_balancer.process_set is not process_set:
-        raise ValueError("the load balancer must split among the optimizer's process set")
+    if load_balancer is not None:
+        load_balancer.check_optimizer(process_set, backward_passes_per_step, op)
     check_groups(num_groups, groups)
     base = type(optimizer)
     config = optimizer.get_config()
@@ -86,7 +83,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                             gradient_predivide_factor, process_set)
             apply([g * summed if g is not None and summed != 1 else g for g in grads], trainable_variables)
         if load_balancer is not None:  # after the update (TensorFlow runs stateful calls in program order)
-            tf.numpy_function(_step_done(load_balancer), [], tf.int8, stateful=True)
+            tf.numpy_function(lambda: load_balancer.step_done() or np.int8(0), [], tf.int8, stateful=True)
 
     distributed = type(base.__name__, (base,), {"build": build, "_backend_apply_gradients": _backend_apply_gradients,
                                                  "__module__": base.__module__})
@@ -117,10 +114,3 @@ def _weighted(balancer, grads):
                       for g in grads if g is not None])
     factor = tf.numpy_function(weight, [ready], tf.float32, stateful=True)
     return [None if g is None else g * tf.cast(factor, g.dtype) for g in grads]
-
-
-def _step_done(balancer):
-    def done():
-        balancer.step_done()
-        return np.int8(0)
-    return done
