@@ -1,6 +1,7 @@
 """The digits MLP trained with each compression and averaging option, one after another in one job,
 with fixed seeds; rank 0 reports each option's test accuracy. A compressor that drops the gradient is the
-negative control: the test must see it fail. Usage: torch_convergence.py EPOCHS"""
+negative control: the test must see it fail. Usage: torch_convergence.py EPOCHS [SEEDS]: with SEEDS, each
+option's accuracy for seeds 0 to SEEDS-1 (model initialisation and data order; docs/communication.md)."""
 
 import json
 import sys
@@ -54,13 +55,13 @@ OPTIONS = {  # each makes a fresh optimizer (and compressor, whose state is per 
 }
 
 
-def accuracy(make_optimizer, epochs, data):
+def accuracy(make_optimizer, epochs, data, seed=0):
     train_x, test_x, train_y, test_y = data
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = make_optimizer(model)  # SGD, lr 0.1, momentum 0.9 (DGC's in its compressor)
     for epoch in range(epochs):
-        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch))
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(epoch + 100 * seed))
         for start in range(0, len(order) - 63, 64):
             mine = order[start:start + 64][rr.rank()::rr.size()]
             optimizer.zero_grad()
@@ -77,6 +78,10 @@ torch.set_num_threads(1)
 digits = load_digits()
 x, y = torch.tensor(digits.data, dtype=torch.float32) / 16.0, torch.tensor(digits.target)
 data = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-results = {name: accuracy(make(), int(sys.argv[1]), data) for name, make in OPTIONS.items()}
+epochs, seeds = int(sys.argv[1]), range(int(sys.argv[2])) if len(sys.argv) > 2 else None
+if seeds is None:
+    results = {name: accuracy(make(), epochs, data) for name, make in OPTIONS.items()}
+else:
+    results = {name: [accuracy(make(), epochs, data, seed) for seed in seeds] for name, make in OPTIONS.items()}
 if rr.rank() == 0:
     print("REPORT " + json.dumps(results), flush=True)
