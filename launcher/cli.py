@@ -4,6 +4,7 @@
 """
 
 import dataclasses
+import functools
 import os
 import re
 import shlex
@@ -14,7 +15,8 @@ import click
 import psutil
 
 from ringreduce import config
-from ringreduce.launcher import checkbuild, dialects, hosts, rank, reach, slurm
+from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, protocol, rank, reach, slurm
+from ringreduce.launcher.elastic import ElasticRun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
 
@@ -108,12 +110,36 @@ def _knob_name(flag):
 @click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Start the job again after a failure, up to this many times "
                    "(the ranks see RINGREDUCE_RESTART_COUNT).")
+@click.option("--min-np", type=click.IntRange(min=1),
+              help="Elastic: go on after a failure while at least this many slots are usable [default: -np].")
+@click.option("--max-np", type=click.IntRange(min=1),
+              help="Elastic: grow to at most this many ranks when the discovery script reports more hosts.")
+@click.option("--host-discovery-script", metavar="SCRIPT",
+              help="Elastic: a program that prints the usable hosts as host:slots lines; rrun runs it again "
+                   "every second, and the job resizes at its next commit when they change (docs/elastic.md).")
+@click.option("--slots-per-host", type=click.IntRange(min=1),
+              help="Elastic: the slots of a host the discovery script prints without a count.")
+@click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Elastic: how long to wait for --min-np slots before giving up.")
+@click.option("--reset-limit", type=click.IntRange(min=0),
+              help="Elastic: give up after this many failures [default: no limit].")
+@click.option("--blacklist-cooldown-range", type=(click.FloatRange(min=0), click.FloatRange(min=0)), default=None,
+              metavar="MIN MAX", help="Elastic: a failed host comes back after MIN seconds, doubled with each "
+              "further failure up to MAX [default: never].")
+@click.option("--heartbeat-seconds", type=click.FloatRange(min=0.5),
+              help="End the job (elastic: the generation) when a rank has sent rrun no heartbeat this long: a host "
+                   f"cut off or frozen [default: {protocol.DEFAULT_HEARTBEAT_SECONDS:g} for elastic jobs, "
+                   "else no heartbeat].")
+@click.option("--commit-dir", metavar="DIR",
+              help="Elastic: the node-local directory each host keeps the job's commits in "
+                   "[default: /dev/shm/ringreduce-commits-<job>].")
 @knob_options
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
-         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, grace_seconds, restarts, command,
-         **knobs):
+         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, grace_seconds, restarts, min_np,
+         max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
+         heartbeat_seconds, commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
@@ -125,7 +151,14 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if not command:
         raise LaunchError("give the command to run, e.g. `rrun -np 2 python train.py`")
     check_command(command)
-    num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
+    elastic_settings = None
+    if host_discovery_script or min_np or max_np:
+        elastic_settings = elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np,
+                                           host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
+                                           blacklist_cooldown_range, heartbeat_seconds, commit_dir)
+        placement = None  # each generation's, from the discovery script
+    else:
+        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
     # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
     from_slurm = placement is not None and not (host_list or hostfile)
     mpiexec = dialects.find_mpiexec(mpiexec_name)
@@ -145,20 +178,58 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
     dialect = dialects.dialect_of(mpiexec)
+    if elastic_settings is not None:
+        argv_of = functools.partial(dialect.command, mpiexec)
+        sys.exit(ElasticRun(elastic_settings, num_proc, job, verbose, grace_seconds, argv_of).run())
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
-    for attempt in range(restarts + 1):
-        argv = dialect.command(mpiexec, dataclasses.replace(job, env={**job.env, RESTART_VARIABLE: str(attempt)}))
-        if verbose or dry_run:
-            click.echo(shlex.join(masked(argv)), err=not dry_run)
-        if dry_run:
-            return
-        supervisor = Supervisor(argv, verbose, grace_seconds)
-        status = supervisor.run()
-        if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
-            sys.exit(status)
-        click.echo(f"rrun: starting the job again ({attempt + 1} of {restarts} restarts) after it failed "
-                   f"with status {status}", err=True)
+    heartbeat = link.LinkServer(heartbeat_seconds) if heartbeat_seconds and not dry_run else None
+    try:
+        for attempt in range(restarts + 1):
+            env = {**job.env, RESTART_VARIABLE: str(attempt),
+                   **(heartbeat.env([host for host, _ in placement or []]) if heartbeat else {})}
+            argv = dialect.command(mpiexec, dataclasses.replace(job, env=env))
+            if verbose or dry_run:
+                click.echo(shlex.join(masked(argv)), err=not dry_run)
+            if dry_run:
+                return
+            supervisor = Supervisor(argv, verbose, grace_seconds)
+            if heartbeat:
+                heartbeat.watch(supervisor)
+            status = supervisor.run()
+            if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
+                sys.exit(status)
+            click.echo(f"rrun: starting the job again ({attempt + 1} of {restarts} restarts) after it failed "
+                       f"with status {status}", err=True)
+    finally:
+        if heartbeat:
+            heartbeat.close()
+
+
+def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, discovery_script, slots_per_host,
+                    elastic_timeout, reset_limit, cooldown_range, heartbeat_seconds, commit_dir):
+    """The settings of an elastic job, checked against each other."""
+    if not discovery_script:
+        raise LaunchError("an elastic job (--min-np, --max-np) needs --host-discovery-script")
+    if host_list or hostfile:
+        raise LaunchError("an elastic job takes its hosts from --host-discovery-script, not -H or --hostfile")
+    if restarts:
+        raise LaunchError("--restarts is for jobs that are not elastic; an elastic job goes on after failures "
+                          "by itself (--reset-limit caps how often)")
+    min_np = min_np or num_proc
+    if min_np is None:
+        raise LaunchError("give --min-np (or -np) for an elastic job")
+    if max_np is not None and max_np < min_np:
+        raise LaunchError(f"--max-np {max_np} is less than --min-np {min_np}")
+    if num_proc is not None and (num_proc < min_np or (max_np is not None and num_proc > max_np)):
+        raise LaunchError(f"-np {num_proc} is outside --min-np {min_np} to --max-np {max_np}")
+    if cooldown_range is not None and cooldown_range[0] > cooldown_range[1]:
+        raise LaunchError(f"--blacklist-cooldown-range {cooldown_range[0]:g} {cooldown_range[1]:g}: MIN is above MAX")
+    return elastic.Settings(min_np=min_np, max_np=max_np, discovery_script=discovery_script,
+                            slots_per_host=slots_per_host, elastic_timeout=elastic_timeout, reset_limit=reset_limit,
+                            cooldown_range=cooldown_range,
+                            heartbeat_seconds=heartbeat_seconds or protocol.DEFAULT_HEARTBEAT_SECONDS,
+                            commit_dir=commit_dir)
 
 
 def resolve_ranks(num_proc, host_list, hostfile, environ):

@@ -36,3 +36,37 @@ def parse_status(line):
     if not line.startswith(STATUS_PREFIX):
         return None
     return json.loads(line[len(STATUS_PREFIX):])
+
+
+# The link: a TCP connection from each rank to rrun, for jobs that need more than exit statuses
+# (elastic jobs, and any job given --heartbeat-seconds). Both ends send a message at least every
+# HEARTBEAT_SECONDS / 5; an end that hears nothing for HEARTBEAT_SECONDS takes the other for lost
+# (a cut link, a frozen host: neither TCP nor MPI says so in time). Messages are JSON lines with a
+# "kind": the ranks send hello (rank, host), beat, resumed (the commit and size a generation
+# started from), resizing; rrun sends beat and hosts-updated.
+LINK_VARIABLE = "RRUN_LINK"  # host:port of rrun's end
+HEARTBEAT_VARIABLE = "RRUN_HEARTBEAT_SECONDS"
+DEFAULT_HEARTBEAT_SECONDS = 30.0
+
+
+def link_message(kind, **fields):
+    return json.dumps({"kind": kind, **fields}).encode() + b"\n"
+
+
+def parse_link_message(line):
+    return json.loads(line)
+
+
+def beat_interval(timeout):
+    """How often an end of the link sends a beat: five or more times in a timeout, at most ten
+    times a second."""
+    return max(0.1, min(1.0, timeout / 5))
+
+
+# What rrun tells the ranks of an elastic job: its generation (0, then one more per resize or
+# failure), an identifier that stays the same across generations, and where each host keeps the
+# job's commits (the directory --commit-dir gives, else DEFAULT_COMMIT_DIR).
+GENERATION_VARIABLE = "RINGREDUCE_ELASTIC_GENERATION"
+JOB_VARIABLE = "RINGREDUCE_ELASTIC_JOB"
+COMMIT_DIR_VARIABLE = "RINGREDUCE_COMMIT_DIR"
+DEFAULT_COMMIT_DIR = "/dev/shm/ringreduce-commits-{job}"

@@ -24,6 +24,7 @@ class Supervisor:
         self._banners = {}  # sink -> BannerFilter of mpiexec's own lines to it
         self.reports = []
         self.interrupted_by = None
+        self.ended_for = None  # (what rrun says, the host to blame) when rrun ended the job itself
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._family = {}  # pid -> psutil.Process: every local process the job has started
@@ -55,6 +56,35 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self._verdict()
+
+    def end(self, message, host):
+        """End the job for a reason rrun found itself (a rank that stopped beating), blaming `host`."""
+        self.ended_for = (message, host)
+        self._stop.set()
+
+    def blamed_host(self):
+        """The host of the failure that ended the job (None if it did not fail)."""
+        if self.ended_for is not None:
+            return self.ended_for[1]
+        first = self._first_failure()
+        return first["host"] if first else None
+
+    def failed_at(self):
+        """When the job's failure happened (time.time()), or None."""
+        first = self._first_failure()
+        return first["time"] if first else None
+
+    def _first_failure(self):
+        """The report of the rank that failed first (one that left while others waited is to blame
+        for their PeerExitedError), or None."""
+        failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
+        if not failures:
+            return None
+        leaving = [r for r in self.reports if r.get("left")]
+        first = min(failures + leaving, key=lambda r: r["time"])
+        if leaving and "PeerExitedError" in (first["last_error"] or ""):
+            first = min(leaving, key=lambda r: r["time"])
+        return first
 
     def _pass_on(self, signum, _frame):
         """A preemption notice (SIGUSR1): every rank gets it, through mpiexec, and goes on."""
@@ -118,12 +148,12 @@ class Supervisor:
         if self.interrupted_by is not None:
             _say(f"stopped by {self.interrupted_by.name}; every rank was ended")
             return 128 + self.interrupted_by
-        failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
-        if failures:  # a rank that left while others waited is to blame for their PeerExitedError
-            leaving = [r for r in self.reports if r.get("left")]
-            first = min(failures + leaving, key=lambda r: r["time"])
-            if leaving and "PeerExitedError" in (first["last_error"] or ""):
-                first = min(leaving, key=lambda r: r["time"])
+        if self.ended_for is not None:
+            self._show_banners()
+            _say(self.ended_for[0])
+            return 1
+        first = self._first_failure()
+        if first is not None:
             self._show_banners()
             _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
             code = first["code"] or 1
@@ -133,7 +163,6 @@ class Supervisor:
             _say(f"mpiexec exited with status {self.process.returncode}")
             return self.process.returncode if self.process.returncode > 0 else 1
         return 0
-
 
     def _show_banners(self, always=False):
         """mpiexec's cleanup banners: shown where rrun names no failed rank, or with --verbose."""

@@ -48,23 +48,27 @@ def save(state, directory, step, keep=3, rank_state=None):
         return None
     os.makedirs(directory, exist_ok=True)
     if rank_state is not None:
-        _write(rank_state, rank_path_for(directory, step, topology.rank, topology.size))
+        write(rank_state, rank_path_for(directory, step, topology.rank, topology.size))
         mine = re.compile(rf"^checkpoint-(\d+)\.rank{topology.rank}-of-\d+\.rr$")
         for _, old in _checkpoints(directory, mine)[keep:]:
             os.unlink(old)
     if topology.rank != 0:
         return None
     target = path_for(directory, step)
-    _write(state, target)
+    write(state, target)
     for _, old in _checkpoints(directory)[keep:]:
         os.unlink(old)
     return target
 
 
-def _write(state, target):
+def write(state, target):
     """`state` into `target`, whole or not at all, durably."""
+    write_pickled(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), target)
+
+
+def write_pickled(payload, target):
+    """A state already pickled into `target`, whole or not at all, durably."""
     directory = os.path.dirname(target)
-    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as f:

@@ -16,8 +16,14 @@ HorovodInternalError = RingReduceError
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal to an elastic job that its hosts changed. ringreduce's jobs are not elastic
-    yet, so nothing raises it; scripts that catch it import it from here."""
+    """Horovod's signal to an elastic job that its hosts changed: State.commit() raises it on every
+    rank once the commit is kept, and ringreduce.elastic.run ends the generation for rrun to start
+    the next on the new hosts. `skip_sync` is Horovod's argument (whether the state need not be
+    synchronised after the resize); ringreduce resumes from the commit either way."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the job's hosts changed")
+        self.skip_sync = skip_sync
 
 
 class NotInitializedError(RingReduceError, ValueError):

@@ -13,7 +13,7 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import preemption, program_order
+from ringreduce import preemption, program_order, rrun_link
 from ringreduce.algorithms import choice
 from ringreduce.config import Config
 from ringreduce.engine.loop import Engine
@@ -235,6 +235,7 @@ def init(comm=None, process_sets=None):
     _active = Runtime(comm, Config.from_env())
     _install_hooks()
     preemption.install()
+    rrun_link.connect(_active.topology.rank)
     for process_set in [] if process_sets in (None, "dynamic") else process_sets:
         process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks, at_init=True)
 

@@ -9,7 +9,7 @@ collectives on tensors, and data-parallel training in two lines.
 
 import ringreduce
 from ringreduce.powersgd import PowerSGD  # noqa: F401
-from ringreduce.torch import checkpoint  # noqa: F401
+from ringreduce.torch import checkpoint, elastic  # noqa: F401
 from ringreduce.torch.compression import Compression  # noqa: F401
 from ringreduce.torch.differentiable import (  # noqa: F401
     allgather,

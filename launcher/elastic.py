@@ -1,0 +1,263 @@
+"""Elastic jobs (rrun --min-np/--max-np/--host-discovery-script, as horovodrun's): the job runs as a
+series of generations, each one mpiexec over the hosts usable then. MPI cannot shrink a running job
+here (see docs/elastic.md), so a resize starts new processes, which resume from the newest commit
+(ringreduce.elastic keeps commits on every host).
+
+A generation ends in one of three ways: the training function returned (the job is done), the ranks
+left to resize at a commit after rrun told them of new hosts, or a rank failed (or stopped beating).
+After a failure the failed host is set aside (for the cool-down, or for good without one), and the
+next generation starts on what is left, if that is at least --min-np slots."""
+
+import dataclasses
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import click
+
+from ringreduce.launcher import hosts, link, protocol
+from ringreduce.launcher.errors import LaunchError
+from ringreduce.launcher.supervise import Supervisor
+
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script while a generation runs
+DISCOVERY_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    min_np: int
+    max_np: int | None
+    discovery_script: str
+    slots_per_host: int | None = None
+    elastic_timeout: float = 600.0
+    reset_limit: int | None = None
+    cooldown_range: tuple[float, float] | None = None
+    heartbeat_seconds: float = protocol.DEFAULT_HEARTBEAT_SECONDS
+    commit_dir: str | None = None
+
+
+def discover(script, slots_per_host):
+    """The hosts the discovery script prints now: `host:slots` lines (or `host`, with
+    --slots-per-host slots), in its order."""
+    try:
+        done = subprocess.run(shlex.split(script) if " " in script else [script], capture_output=True, text=True,
+                              timeout=DISCOVERY_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"--host-discovery-script {script}: {error}") from None
+    if done.returncode != 0:
+        raise LaunchError(f"--host-discovery-script {script} exited with status {done.returncode}: "
+                          f"{done.stderr.strip()[-300:]}")
+    found = []
+    for line in done.stdout.splitlines():
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        host = hosts.parse_hosts(text)[0]
+        if ":" not in text:
+            if slots_per_host is None:
+                raise LaunchError(f"--host-discovery-script printed {text!r} without slots: print host:slots, "
+                                  "or give --slots-per-host")
+            host = hosts.Host(host.name, slots_per_host)
+        found.append(host)
+    slots = {}
+    for host in found:  # a host on several lines: their slots together
+        slots[host.name] = slots.get(host.name, 0) + host.slots
+    return [hosts.Host(name, count) for name, count in slots.items()]
+
+
+class SetAside:
+    """Hosts that failed, set aside: for good without a cool-down range, else for the range's low
+    end, doubled with each further failure of the host, at most its high end (Horovod's
+    --blacklist-cooldown-range)."""
+
+    def __init__(self, cooldown_range, clock=time.monotonic):
+        self.cooldown_range = cooldown_range
+        self.clock = clock
+        self.failures = {}  # host -> count
+        self.until = {}  # host -> clock time it may come back (inf: never)
+
+    def add(self, host):
+        count = self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown_range is None:
+            seconds = float("inf")
+        else:
+            low, high = self.cooldown_range
+            seconds = min(high, low * 2 ** (count - 1))
+        self.until[host] = self.clock() + seconds
+        return seconds
+
+    def usable(self, found):
+        now = self.clock()
+        return [h for h in found if self.until.get(h.name, 0) <= now]
+
+    def describe(self):
+        now = self.clock()
+        return ", ".join(f"{host} ({'for good' if until == float('inf') else f'{until - now:.0f} s more'})"
+                         for host, until in self.until.items() if until > now)
+
+
+class ElasticRun:
+    def __init__(self, settings, num_proc, job, verbose, grace_seconds, argv_of):
+        """`argv_of(job)`: the mpiexec command line of a dialects.JobSpec."""
+        self.settings = settings
+        self.first_size = num_proc
+        self.job = job
+        self.verbose = verbose
+        self.grace_seconds = grace_seconds
+        self.argv_of = argv_of
+        self.set_aside = SetAside(settings.cooldown_range)
+        self.job_id = uuid.uuid4().hex[:12]
+
+    def run(self):
+        """Generations until the job is done (0), interrupted, or cannot go on; rrun's exit status."""
+        where = self.settings.commit_dir or protocol.DEFAULT_COMMIT_DIR.format(job=self.job_id)
+        _say(f"elastic job {self.job_id}: each host keeps its commits in {where}")
+        link_server = link.LinkServer(self.settings.heartbeat_seconds)
+        try:
+            return self._generations(link_server)
+        finally:
+            link_server.close()
+
+    def _generations(self, link_server):
+        generation, resets, failed_at = 0, 0, None
+        while True:
+            placement = self._placement(self.first_size if generation == 0 else None)
+            size = sum(count for _, count in placement)
+            env = {**self.job.env, protocol.GENERATION_VARIABLE: str(generation),
+                   protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
+            if self.settings.commit_dir:
+                env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
+            rank_command = [*self.job.rank_command[:3], str(size), *self.job.rank_command[4:]]
+            job = dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command)
+            _say(f"generation {generation}: {size} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
+            started = len(link_server.messages)
+            supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds)
+            link_server.watch(supervisor)
+            watcher = _HostWatcher(self, placement, link_server)
+            watcher.start()
+            try:
+                status = supervisor.run()
+            finally:
+                watcher.stop()
+            messages = link_server.messages[started:]
+            self._report_resume(messages, failed_at)
+            if supervisor.interrupted_by is not None:
+                return status
+            resizing = any(m["kind"] == "resizing" for _, _, m in messages)
+            if status == 0 and not resizing:
+                return 0
+            if status == 0:
+                _say("the ranks stopped at a commit to take in the hosts that changed")
+                failed_at = time.time()
+            else:
+                host = placement_host(supervisor.blamed_host(), [name for name, _ in placement])
+                failed_at = supervisor.failed_at() or time.time()
+                resets += 1
+                if self.settings.reset_limit is not None and resets > self.settings.reset_limit:
+                    _say(f"the job failed {resets} times, more than --reset-limit {self.settings.reset_limit}")
+                    return status
+                if host is not None:
+                    seconds = self.set_aside.add(host)
+                    _say(f"setting {host} aside {'for good' if seconds == float('inf') else f'for {seconds:g} s'}"
+                         " and going on without it")
+            generation += 1
+
+    def _placement(self, wanted):
+        """[(host, ranks)] for the next generation: as many as the usable hosts' slots allow (at
+        most --max-np; the first generation at most -np), waiting for --min-np slots up to
+        --elastic-timeout."""
+        deadline = time.monotonic() + self.settings.elastic_timeout
+        said = None
+        while True:
+            usable = self.set_aside.usable(discover(self.settings.discovery_script, self.settings.slots_per_host))
+            slots = sum(h.slots for h in usable)
+            if slots >= self.settings.min_np:
+                size = min([slots] + [n for n in (self.settings.max_np, wanted) if n is not None])
+                return hosts.place(usable, size)
+            if time.monotonic() > deadline:
+                raise LaunchError(f"waited {self.settings.elastic_timeout:g} s (--elastic-timeout) for the "
+                                  f"{self.settings.min_np} slots of --min-np; the hosts usable have {slots}")
+            message = f"waiting for hosts: {slots} usable slots, --min-np is {self.settings.min_np}"
+            if self.set_aside.describe():
+                message += f"; set aside: {self.set_aside.describe()}"
+            if message != said:
+                _say(message)
+                said = message
+            time.sleep(DISCOVERY_INTERVAL)
+
+    @staticmethod
+    def _report_resume(messages, failed_at):
+        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed"]
+        if resumed and failed_at is not None:
+            first, message = min(resumed, key=lambda item: item[0])
+            commit = message["commit"]
+            _say(f"resumed from {'commit ' + str(commit) if commit is not None else 'the start'} on "
+                 f"{message['size']} ranks, {first - failed_at:.1f} s after the last generation ended")
+
+
+def placement_host(reported, names):
+    """The name in `names` (the discovery script's) of the host a rank reported as `reported` (its
+    own host name): the same name, the same short name, or the same address (localhost is this
+    machine); None for None."""
+    if reported is None or reported in names:
+        return reported
+
+    def address(name):
+        if name == "localhost" or name == socket.gethostname():
+            return "127.0.0.1"
+        try:
+            return socket.gethostbyname(name)
+        except OSError:
+            return None
+
+    short = reported.split(".")[0]
+    for name in names:
+        if name.split(".")[0] == short:
+            return name
+    wanted = address(reported)
+    return next((name for name in names if wanted is not None and address(name) == wanted), reported)
+
+
+class _HostWatcher:
+    """Runs the discovery script while a generation runs; tells the ranks (once) when the hosts
+    they could use differ from the ones they run on, so they resize at their next commit."""
+
+    def __init__(self, run, placement, link_server):
+        self.run, self.placement, self.link_server = run, dict(placement), link_server
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="rrun-discovery", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self):
+        settings = self.run.settings
+        while not self._stop.wait(DISCOVERY_INTERVAL):
+            try:
+                usable = self.run.set_aside.usable(discover(settings.discovery_script, settings.slots_per_host))
+            except LaunchError as error:
+                _say(f"{error}; trying again")
+                continue
+            size = sum(self.placement.values())
+            slots = sum(h.slots for h in usable)
+            can_grow = slots > size and (settings.max_np is None or size < settings.max_np)
+            lost = set(self.placement) - {h.name for h in usable}
+            if can_grow or lost:
+                what = [f"{slots} usable slots for {size} ranks"] if can_grow else []
+                what += [f"hosts gone: {', '.join(sorted(lost))}"] if lost else []
+                _say(f"discovery: {'; '.join(what)}; the ranks resize at their next commit")
+                self.link_server.notify("hosts-updated")
+                return
+
+
+def _say(message):
+    click.echo(f"rrun: {message}", err=True)
+    sys.stderr.flush()

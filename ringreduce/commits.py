@@ -1,0 +1,115 @@
+"""Where an elastic job keeps its commits: in memory, and in node-local storage on every host
+(/dev/shm, or the directory rrun's --commit-dir gives), written by each host's first rank, so that
+losing any one host loses no committed state and a restarted generation reads its commit locally.
+
+A commit is named by (generation, sequence): the generation that made it and its number along the
+training. Commits with the same name hold the same state on every host (the state is the same on
+every rank). A commit is confirmed when every host has written it; only then are the older ones
+deleted, so until then the previous one is still there everywhere. A generation resumes from the
+newest whole commit any rank holds: it is the newest state of the training that anyone kept
+(a commit some host missed is sent to it over MPI)."""
+
+import os
+import pickle
+import re
+import sys
+
+from ringreduce import checkpoint, runtime
+from ringreduce.errors import CorruptCheckpointError, RingReduceError
+from ringreduce.launcher import protocol
+from ringreduce.objects import allgather_object, broadcast_object
+
+_NAME = re.compile(r"^commit-(\d+)-(\d+)\.rr$")
+
+
+def generation(environ=os.environ):
+    """This job's generation: 0 at first, one more after each resize or failure."""
+    return int(environ.get(protocol.GENERATION_VARIABLE, "0"))
+
+
+def default_directory(environ=os.environ):
+    """The directory rrun gave, else one for this job in /dev/shm (memory, local to the host)."""
+    return environ.get(protocol.COMMIT_DIR_VARIABLE) or protocol.DEFAULT_COMMIT_DIR.format(
+        job=environ.get(protocol.JOB_VARIABLE, "job"))
+
+
+class CommitStore:
+    def __init__(self, directory=None):
+        self.directory = directory or default_directory()
+        self.given = directory is not None or protocol.COMMIT_DIR_VARIABLE in os.environ
+
+    def _writer(self):
+        return runtime.active().topology.local_rank == 0
+
+    def keys(self):
+        """The whole commits on this host, newest first."""
+        if not os.path.isdir(self.directory):
+            return []
+        return sorted(((int(m[1]), int(m[2])) for name in os.listdir(self.directory) if (m := _NAME.match(name))),
+                      reverse=True)
+
+    def path(self, key):
+        return os.path.join(self.directory, f"commit-{key[0]:06d}-{key[1]:09d}.rr")
+
+    def write(self, key, payload):
+        """On this host's first rank: keep the pickled state `payload` as commit `key`; what went
+        wrong, or None. Others return None at once."""
+        if not self._writer():
+            return None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            checkpoint.write_pickled(payload, self.path(key))
+        except OSError as error:
+            return f"{self.path(key)}: {error.strerror or error}"
+        return None
+
+    def confirm(self, key, problem, flag=False):
+        """Collective, after every rank's write(): raise on every rank if any host could not keep
+        the commit (the older ones stay); else delete the older ones. Returns whether any rank's
+        `flag` was set (it carries the check for new hosts in the same exchange)."""
+        reports = allgather_object((problem, runtime.active().topology.rank, bool(flag)), name="elastic.commit")
+        failed = [(rank, text) for text, rank, _ in reports if text is not None]
+        if failed:
+            raise RingReduceError(f"commit {key[1]} could not be kept on every host (rank {failed[0][0]}: "
+                                  f"{failed[0][1]}); the previous commit is kept")
+        if self._writer():
+            for old in self.keys():
+                if old < key:
+                    os.unlink(self.path(old))
+        return any(flagged for _, _, flagged in reports)
+
+    def newest(self):
+        """Collective: (key, payload) of the newest whole commit any rank holds, on every rank (read
+        locally where every host has it, else sent from a holder, and written by the hosts that
+        lacked it); (None, None) where there is none."""
+        mine, state = self._readable_newest()
+        held = allgather_object(mine, name="elastic.commits")
+        keys = [key for key in held if key is not None]
+        if not keys:
+            return None, None
+        best = max(keys)
+        if all(key == best for key in held):
+            return best, state
+        state = broadcast_object(state if mine == best else None, root_rank=held.index(best),
+                                 name="elastic.commit.send")
+        if mine != best:
+            self.write(best, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        return best, state
+
+    def _readable_newest(self):
+        """(key, state) of this host's newest commit that reads whole (a broken one is skipped with a
+        warning), or (None, None)."""
+        for key in self.keys():
+            try:
+                return key, checkpoint.read(self.path(key))
+            except CorruptCheckpointError as problem:
+                print(f"ringreduce: skipping commit {self.path(key)}: {problem}", file=sys.stderr, flush=True)
+        return None, None
+
+    def discard(self):
+        """Remove this job's commits from this host (its own directory only, not one the user gave)."""
+        if self._writer() and not self.given and os.path.isdir(self.directory):
+            for key in self.keys():
+                os.unlink(self.path(key))
+            os.rmdir(self.directory)
+

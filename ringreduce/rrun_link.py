@@ -1,0 +1,110 @@
+"""This rank's end of the link to rrun (ringreduce.launcher.protocol): started at init where rrun
+asked for it (RRUN_LINK). A thread beats, takes rrun's notices (hosts-updated, for elastic jobs) and,
+when rrun has been silent for the heartbeat timeout, ends this process: rrun has given up on this
+host (its link was cut), so the rest of the job has gone on without it, and nothing else would end
+a rank blocked in MPI on a host cut off from the others."""
+
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+
+from ringreduce.errors import RingReduceError
+from ringreduce.launcher import protocol
+
+LOST_EXIT_CODE = 75  # ended for lost contact with rrun (EX_TEMPFAIL)
+
+
+class Link:
+    def __init__(self, address, timeout, rank):
+        self.timeout = timeout
+        self.rank = rank
+        self.hosts_updated = threading.Event()
+        host, _, port = address.rpartition(":")
+        self._socket = socket.create_connection((host, int(port)), timeout=timeout)
+        self._socket.setblocking(False)
+        self._lock = threading.Lock()
+        self._pending = b""
+        self.send("hello", rank=rank, host=socket.gethostname(), pid=os.getpid())
+        threading.Thread(target=self._run, name="ringreduce-rrun-link", daemon=True).start()
+
+    def send(self, kind, **fields):
+        """Queue a message for rrun; the link's thread writes it within a beat."""
+        with self._lock:
+            self._pending += protocol.link_message(kind, **fields)
+
+    def flush(self, seconds=2.0):
+        """Write what is queued now (before the process exits)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending:
+                    return
+                try:
+                    sent = self._socket.send(self._pending)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    return
+                self._pending = self._pending[sent:]
+            time.sleep(0.01)
+
+    def _run(self):
+        interval = protocol.beat_interval(self.timeout)
+        heard, beaten, received = time.monotonic(), 0.0, b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._socket, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                if now - beaten >= interval:
+                    self.send("beat")
+                    beaten = now
+                self.flush(seconds=0)
+                for _ in selector.select(timeout=interval):
+                    try:
+                        data = self._socket.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:  # rrun closed its end: it is gone, or done with this generation
+                        self._lose("rrun closed the link")
+                    heard, received = time.monotonic(), received + data
+                    *lines, received = received.split(b"\n")
+                    for line in lines:
+                        if protocol.parse_link_message(line)["kind"] == "hosts-updated":
+                            self.hosts_updated.set()
+                if time.monotonic() - heard > self.timeout:
+                    self._lose(f"no word from rrun for {self.timeout:g} s (this host's link is down, or rrun's "
+                               "host is)")
+
+    def _lose(self, why):
+        sys.__stderr__.write(f"ringreduce: rank {self.rank} lost contact with rrun: {why}; ending this rank, "
+                             "which the others no longer wait for\n")
+        sys.__stderr__.flush()
+        os._exit(LOST_EXIT_CODE)
+
+
+_link = None
+
+
+def connect(rank, environ=os.environ):
+    """Start the link where rrun asked for it; idempotent."""
+    global _link
+    address = environ.get(protocol.LINK_VARIABLE)
+    if address and _link is None:
+        timeout = float(environ.get(protocol.HEARTBEAT_VARIABLE, protocol.DEFAULT_HEARTBEAT_SECONDS))
+        try:
+            _link = Link(address, timeout, rank)
+        except OSError as error:
+            raise RingReduceError(f"rank {rank} cannot reach rrun at {address} ({error}): a firewall between this "
+                                  "host and rrun's, or rrun advertised an address this host cannot route to "
+                                  "(give rrun -i with the interface the hosts share)") from None
+    return _link
+
+
+def current():
+    """The link to rrun, or None where the job has none."""
+    return _link

@@ -1,0 +1,188 @@
+"""Elastic jobs through the real rrun and MPI (tests/workers/elastic_train.py): a job that grows when
+the discovery script reports more slots, and one that loses a rank and goes on from its last
+commit, each ending with the parameters of one process that replays the same sizes from the same
+commits; every failure kind in every phase in one job. The hosts' own storage and a lost host are
+in test_cluster.py. Pure logic (setting hosts aside, reading the discovery script, the sampler's
+split) here too."""
+
+import importlib.util
+import json
+import os
+import stat
+
+import pytest
+import torch
+
+from ringreduce.launcher import elastic
+from ringreduce.launcher.errors import LaunchError
+
+from launch import WORKERS, run_job
+
+pytestmark = pytest.mark.mpi
+
+_spec = importlib.util.spec_from_file_location("elastic_train", os.path.join(WORKERS, "elastic_train.py"))
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+
+def replay(epochs, schedule):
+    """The worker's training in one process, where the generation that resumed at step s ran
+    schedule[s] ranks: each step averages the ranks' mean gradients over the batches an
+    ElasticSampler gives them. Returns (weight, bias)."""
+    dataset = worker.data()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, dtype=torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step, epoch, processed, size = 0, 0, 0, schedule[0]
+    while epoch < epochs:
+        size = schedule.get(step, size)
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1 + epoch)).tolist()
+        rest, start = order[processed:], processed
+        slices = [rest[r::size][:len(rest) // size] for r in range(size)]
+        resized = False
+        for j in range(len(slices[0]) // worker.BATCH):
+            if j > 0 and step in schedule:
+                resized = True
+                break
+            optimizer.zero_grad()
+            grads = [torch.zeros_like(p) for p in model.parameters()]
+            for part in slices:
+                model.zero_grad()
+                x, y = dataset[part[j * worker.BATCH:(j + 1) * worker.BATCH]]
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                grads = [g + p.grad for g, p in zip(grads, model.parameters(), strict=True)]
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g / size
+            optimizer.step()
+            step += 1
+            processed = start + (j + 1) * worker.BATCH * size
+        if not resized:
+            epoch, processed = epoch + 1, 0
+    return model.weight.detach().flatten().tolist(), model.bias.item()
+
+
+def events(job, kind):
+    """The worker's `kind` lines (rank 0's, or every rank's FINAL), parsed."""
+    lines = [line.split(" ", 1)[1] for rank in range(8) for line in job.lines_of(rank) if line.startswith(kind + " ")]
+    return [json.loads(line) for line in lines]
+
+
+def discovery_script(tmp_path, lines):
+    """A discovery script that prints a file the test (or the worker) can change."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(line + "\n" for line in lines))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, hosts
+
+
+def assert_matches_replay(job, epochs):
+    resumed = events(job, "RESUMED")
+    schedule = {r["step"]: r["size"] for r in resumed}
+    weight, bias = replay(epochs, schedule)
+    finals = events(job, "FINAL")
+    assert len(finals) == resumed[-1]["size"]
+    for final in finals:
+        torch.testing.assert_close(final["weight"], weight, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(final["bias"], bias, rtol=1e-9, atol=1e-12)
+    return resumed
+
+
+def test_the_replay_can_tell_sizes_apart():
+    """The check below would catch a job that ran at another size than it says."""
+    assert replay(2, {0: 2}) != replay(2, {0: 2, 9: 3})
+
+
+def test_a_job_grows_at_its_next_commit_when_discovery_reports_more_slots(tmp_path):
+    script, hosts = discovery_script(tmp_path, ["localhost:2"])
+    job = run_job(2, "elastic_train.py", 2, "--grow-file", hosts, 4, "localhost:1", "--sleep", 0.15,
+                  rrun_args=("--min-np", "2", "--max-np", "3", "--host-discovery-script", script), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed = assert_matches_replay(job, 2)
+    assert [(r["generation"], r["size"]) for r in resumed] == [(0, 2), (1, 3)]
+    assert resumed[1]["step"] % 3 == 0 and resumed[1]["step"] > 4  # at the first commit after the notice
+    assert resumed[1]["resets"] == [3]  # the reset callbacks ran, at the new size
+    assert "rrun: discovery: 3 usable slots for 2 ranks; the ranks resize at their next commit" in job.stderr
+    assert "rrun: generation 1: 3 ranks on localhost:3" in job.stderr
+    assert not os.path.exists(f"/dev/shm/ringreduce-commits-{job_id(job)}")  # removed at the end
+
+
+def job_id(job):
+    return next(line.split("job ")[1].split()[0] for line in job.stderr.splitlines() if "rrun: elastic job " in line)
+
+
+def test_a_killed_rank_costs_only_the_steps_since_the_last_commit(tmp_path):
+    script, _ = discovery_script(tmp_path, ["localhost:2"])
+    job = run_job(2, "elastic_train.py", 2, "--die", "kill", "rank1", 7,
+                  rrun_args=("--min-np", "2", "--host-discovery-script", script, "--blacklist-cooldown-range", "0.5",
+                             "1"), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed = assert_matches_replay(job, 2)
+    assert [(r["generation"], r["size"], r["step"]) for r in resumed] == [(0, 2, 0), (1, 2, 6)]
+    assert "rrun: rank 1 (on " in job.stderr and "failed first: killed by signal 9 (SIGKILL)" in job.stderr
+    assert "rrun: setting localhost aside for 0.5 s and going on without it" in job.stderr
+    died = events(job, "DYING")[0]["time"]
+    first_step = next(s["time"] for s in events(job, "STEP") if s["time"] > died)
+    assert first_step - died < 10, first_step - died
+
+
+class TestLogic:
+    def test_a_failed_host_is_set_aside_for_the_cooldown_doubled_with_each_failure(self):
+        now = [0.0]
+        aside = elastic.SetAside((10, 25), clock=lambda: now[0])
+        hosts = [elastic.hosts.Host("a", 2), elastic.hosts.Host("b", 2)]
+        assert aside.add("b") == 10 and [h.name for h in aside.usable(hosts)] == ["a"]
+        now[0] = 10
+        assert [h.name for h in aside.usable(hosts)] == ["a", "b"]
+        assert aside.add("b") == 20 and aside.add("b") == 25  # doubled, at most the range's top
+
+    def test_without_a_cooldown_a_failed_host_stays_aside(self):
+        aside = elastic.SetAside(None, clock=lambda: 1e9)
+        aside.add("a")
+        assert aside.usable([elastic.hosts.Host("a", 1)]) == [] and "a (for good)" in aside.describe()
+
+    def test_the_discovery_script_s_lines(self, tmp_path):
+        script, _ = discovery_script(tmp_path, ["# hosts", "a:2", "b", "a:1"])
+        with pytest.raises(LaunchError, match="without slots"):
+            elastic.discover(str(script), None)
+        assert elastic.discover(str(script), 4) == [elastic.hosts.Host("a", 3), elastic.hosts.Host("b", 4)]
+        failing = tmp_path / "fail.sh"
+        failing.write_text("#!/bin/sh\necho broken >&2\nexit 2\n")
+        failing.chmod(0o755)
+        with pytest.raises(LaunchError, match="exited with status 2: broken"):
+            elastic.discover(str(failing), None)
+
+    def test_the_sampler_gives_the_rest_of_the_epoch_once_after_a_resize(self, monkeypatch):
+        from ringreduce import runtime
+        from ringreduce.torch.elastic import ElasticSampler
+
+        dataset = list(range(50))
+        taken = []
+
+        def parts(size, batches):
+            samplers = []
+            for rank in range(size):
+                monkeypatch.setattr(runtime, "size", lambda: size)
+                monkeypatch.setattr(runtime, "rank", lambda rank=rank: rank)
+                sampler = ElasticSampler(dataset, seed=3)
+                sampler.load_state_dict(state)
+                samplers.append(sampler)
+            for sampler in samplers:
+                taken.extend(list(sampler)[:batches * 2])
+                sampler.record_batch(batches - 1, 2)
+            return samplers[0].state_dict()
+
+        state = {"epoch": 1, "processed": 0}
+        state = parts(2, 5)  # 20 of 50 taken at 2 ranks
+        assert state == {"epoch": 1, "processed": 20}
+        state = parts(3, 5)  # 30 of the remaining 30 at 3 ranks
+        assert sorted(taken) == list(range(50))
+
+    def test_a_rank_s_host_name_is_found_among_the_discovery_script_s(self):
+        import socket
+
+        assert elastic.placement_host(socket.gethostname(), ["localhost"]) == "localhost"
+        assert elastic.placement_host("hostb", ["hosta.example", "hostb.example"]) == "hostb.example"
+        assert elastic.placement_host("elsewhere", ["localhost"]) == "elsewhere"
+        assert elastic.placement_host(None, ["localhost"]) is None

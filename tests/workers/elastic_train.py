@@ -1,0 +1,109 @@
+"""An elastic job: least squares in float64 with SGD and momentum, 4 samples per rank a step from an
+ElasticSampler, a commit every 3 steps and at each epoch's end. It prints what the test replays: each
+generation's start (RESUMED: size, and the step, epoch and position it resumed from), each commit,
+each step's time, and at the end the parameters. A failure is asked for with arguments:
+
+    elastic_train.py EPOCHS [--die HOW HOST STEP] [--grow-file FILE STEP LINE] [--sleep S]
+
+--die: in generation 0 the ranks on HOST (a host name, or "rank1" for rank 1 alone) fail at STEP
+(HOW: kill, segfault, exception, exit; hang: sleep until killed). --grow-file: at STEP of generation
+0, rank 0 appends LINE to FILE (which the discovery script prints)."""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import torch
+
+import ringreduce.torch as rr
+
+BATCH = 4
+
+
+def data():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((192, 4))
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.1 * rng.standard_normal(192)
+    return torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y).unsqueeze(1))
+
+
+def die(how):
+    print(f"DYING {json.dumps({'time': time.time(), 'how': how})}", flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "segfault":
+        ctypes.string_at(0)
+    elif how == "exception":
+        raise RuntimeError("the training step failed")
+    elif how == "exit":
+        os._exit(3)
+    elif how == "hang":
+        time.sleep(3600)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("--die", nargs=3, metavar=("HOW", "HOST", "STEP"))
+    parser.add_argument("--grow-file", nargs=3, metavar=("FILE", "STEP", "LINE"))
+    parser.add_argument("--sleep", type=float, default=0.0)
+    args = parser.parse_args()
+    rr.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, dtype=torch.float64)
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                        named_parameters=model.named_parameters())
+    dataset = data()
+    sampler = rr.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler, drop_last=True)
+    state = rr.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
+    generation = int(os.environ.get("RINGREDUCE_ELASTIC_GENERATION", "0"))
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(rr.size())])
+
+    @rr.elastic.run
+    def train(state):
+        if rr.rank() == 0:
+            print("RESUMED " + json.dumps({"generation": generation, "size": rr.size(), "step": state.step,
+                                           "epoch": state.epoch, "processed": sampler.processed,
+                                           "resets": resets, "time": time.time()}), flush=True)
+        for epoch in range(state.epoch, args.epochs):
+            state.epoch = epoch
+            for batch_idx, (x, y) in enumerate(loader):
+                if args.die and generation == 0 and state.step == int(args.die[2]) and \
+                        args.die[1] in (socket.gethostname(), f"rank{rr.rank()}"):
+                    die(args.die[0])
+                if args.grow_file and generation == 0 and state.step == int(args.grow_file[1]) and rr.rank() == 0:
+                    with open(args.grow_file[0], "a") as f:
+                        f.write(args.grow_file[2] + "\n")
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                state.step += 1
+                sampler.record_batch(batch_idx, BATCH)
+                if rr.rank() == 0:
+                    print(f"STEP {json.dumps({'step': state.step, 'size': rr.size(), 'time': time.time()})}",
+                          flush=True)
+                time.sleep(args.sleep)
+                if state.step % 3 == 0:
+                    state.commit()
+                    if rr.rank() == 0:
+                        print(f"COMMIT {state.step}", flush=True)
+            sampler.set_epoch(state.epoch + 1)
+            state.commit()
+            if rr.rank() == 0:
+                print(f"COMMIT {state.step} epoch end", flush=True)
+
+    train(state)
+    print("FINAL " + json.dumps({"rank": rr.rank(), "host": socket.gethostname(), "size": rr.size(),
+                                 "step": state.step, "weight": model.weight.detach().flatten().tolist(),
+                                 "bias": model.bias.item()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
