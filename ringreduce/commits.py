@@ -7,7 +7,8 @@ training. Commits with the same name hold the same state on every host (the stat
 every rank). A commit is confirmed when every host has written it; only then are the older ones
 deleted, so until then the previous one is still there everywhere. A generation resumes from the
 newest whole commit any rank holds: it is the newest state of the training that anyone kept
-(a commit some host missed is sent to it over MPI)."""
+(a commit some host missed is sent to it over MPI). Outside an elastic job under rrun, commits stay
+in memory only, unless RINGREDUCE_COMMIT_DIR names a directory."""
 
 import os
 import pickle
@@ -28,9 +29,13 @@ def generation(environ=os.environ):
 
 
 def default_directory(environ=os.environ):
-    """The directory rrun gave, else one for this job in /dev/shm (memory, local to the host)."""
-    return environ.get(protocol.COMMIT_DIR_VARIABLE) or protocol.DEFAULT_COMMIT_DIR.format(
-        job=environ.get(protocol.JOB_VARIABLE, "job"))
+    """The directory rrun gave, else one for this elastic job in /dev/shm (memory, local to the
+    host); None outside an elastic job (commits stay in memory: nothing would resume from them, and
+    a later job must not)."""
+    if protocol.COMMIT_DIR_VARIABLE in environ:
+        return environ[protocol.COMMIT_DIR_VARIABLE]
+    job = environ.get(protocol.JOB_VARIABLE)
+    return None if job is None else protocol.DEFAULT_COMMIT_DIR.format(job=job)
 
 
 class CommitStore:
@@ -39,11 +44,11 @@ class CommitStore:
         self.given = directory is not None or protocol.COMMIT_DIR_VARIABLE in os.environ
 
     def _writer(self):
-        return runtime.active().topology.local_rank == 0
+        return self.directory is not None and runtime.active().topology.local_rank == 0
 
     def keys(self):
         """The whole commits on this host, newest first."""
-        if not os.path.isdir(self.directory):
+        if self.directory is None or not os.path.isdir(self.directory):
             return []
         return sorted(((int(m[1]), int(m[2])) for name in os.listdir(self.directory) if (m := _NAME.match(name))),
                       reverse=True)

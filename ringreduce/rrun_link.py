@@ -36,19 +36,19 @@ class Link:
             self._pending += protocol.link_message(kind, **fields)
 
     def flush(self, seconds=2.0):
-        """Write what is queued now (before the process exits)."""
+        """Write what is queued, trying for up to `seconds` (0: what the socket takes now)."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while True:
             with self._lock:
-                if not self._pending:
-                    return
                 try:
-                    sent = self._socket.send(self._pending)
+                    sent = self._socket.send(self._pending) if self._pending else 0
                 except BlockingIOError:
                     sent = 0
                 except OSError:
                     return
                 self._pending = self._pending[sent:]
+                if not self._pending or time.monotonic() >= deadline:
+                    return
             time.sleep(0.01)
 
     def _run(self):

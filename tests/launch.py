@@ -41,9 +41,10 @@ class Job:
         return lines[-1] if lines else ""
 
 
-# The two-host test cluster of tests/cluster/up.sh: rrun runs on hosta (inside its network and
-# host-name namespaces) and reaches hostb over ssh, as on a real cluster.
-ON_HOSTA = ["ip", "netns", "exec", "rr-hosta", "unshare", "--uts", "sh", "-c", 'hostname hosta && exec "$0" "$@"']
+# The two-host test cluster of tests/cluster/up.sh: rrun runs on hosta (inside its network, host-name
+# and mount namespaces) and reaches hostb over ssh, as on a real cluster.
+ON_HOST = os.path.join(os.path.dirname(__file__), "cluster", "on_host.sh")
+ON_HOSTA = [ON_HOST, "a"]
 # Its hosts share one kernel, so UCX (MPICH's default network module in the wheel) takes them for one
 # machine and moves their data through shared memory, never over the link between them. MPICH's OFI
 # module tells hosts apart by name, as the rest of the job does: shared memory inside a host, TCP

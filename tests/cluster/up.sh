@@ -1,14 +1,16 @@
 #!/bin/sh
 # A test cluster of two hosts on this machine: network namespaces rr-hosta and rr-hostb joined by
 # a veth pair (interface rrnet0 in each, 10.213.7.1 and 10.213.7.2), each with its own host name
-# (a UTS namespace) and its own sshd that accepts a key made for the test. Only these addresses
-# and loopback are used. Needs root, iproute2, util-linux's unshare and openssh-server.
+# (a UTS namespace), its own /dev/shm and node-local directory $state/node (tmpfs in a mount
+# namespace of its own, so no host reads another's), and its own sshd that accepts a key made for
+# the test; on_host.sh runs a command inside a host's namespaces. Only these addresses and loopback
+# are used. Needs root, iproute2, util-linux's unshare and openssh-server.
 # Undo with down.sh. Prints "cluster up" when both hosts answer over ssh.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}
 "$here/down.sh" >/dev/null 2>&1 || true
-mkdir -p "$state" /run/sshd /root/.ssh
+mkdir -p "$state" "$state/node" /run/sshd /root/.ssh
 chmod 700 /root/.ssh
 rm -f "$state/id" "$state/id.pub" "$state/host_key" "$state/host_key.pub"
 ssh-keygen -q -t ed25519 -N "" -f "$state/id"
@@ -38,7 +40,9 @@ UsePAM no
 StrictModes no
 AcceptEnv *
 CONFIG
-    ip netns exec rr-host$1 unshare --uts sh -c "hostname host$1 && exec /usr/sbin/sshd -f $state/sshd_config_$1"
+    ip netns exec rr-host$1 unshare --uts --mount --propagation private sh -c "hostname host$1 &&
+        mount -t tmpfs -o size=2g tmpfs /dev/shm && mount -t tmpfs -o size=2g tmpfs $state/node &&
+        exec /usr/sbin/sshd -f $state/sshd_config_$1"
 done
 
 # Names for the two hosts, and how ssh reaches them, in marked blocks that down.sh removes.

@@ -6,7 +6,8 @@ each step's time, and at the end the parameters. A failure is asked for with arg
     elastic_train.py EPOCHS [--die HOW HOST STEP] [--grow-file FILE STEP LINE] [--sleep S]
 
 --die: in generation 0 the ranks on HOST (a host name, or "rank1" for rank 1 alone) fail at STEP
-(HOW: kill, segfault, exception, exit; hang: sleep until killed). --grow-file: at STEP of generation
+(HOW: kill, segfault, exception, exit; hang: sleep until killed; cut:SECONDS: cut the test
+cluster's link, and mend it SECONDS later). --grow-file: at STEP of generation
 0, rank 0 appends LINE to FILE (which the discovery script prints)."""
 
 import argparse
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -44,6 +46,23 @@ def die(how):
         os._exit(3)
     elif how == "hang":
         time.sleep(3600)
+    elif how.startswith("cut:"):
+        cut_link(float(how[4:]))
+
+
+# The test cluster's link (tests/cluster/up.sh) cut silently, both ways: a link taken down would
+# tell both ends at once; this kernel has no netem, but a token bucket that refills at a byte a
+# second with room for no packet drops everything without a word.
+SHAPE = "tc qdisc replace dev rrnet0 root tbf rate 8bit burst 100 latency 1ms"
+BOTH_ENDS = "{0} && ip netns exec rr-hosta {0}"
+
+
+def cut_link(seconds):
+    """From hostb: cut the link, and mend it `seconds` later (from a process that outlives this one)."""
+    mend = BOTH_ENDS.format("tc qdisc del dev rrnet0 root")
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; {mend}"], start_new_session=True, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    subprocess.run(["sh", "-c", BOTH_ENDS.format(SHAPE)], check=True)
 
 
 def main():
