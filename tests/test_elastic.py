@@ -1,8 +1,8 @@
 """Elastic jobs through the real rrun and MPI (tests/workers/elastic_train.py): a job that grows when
-the discovery script reports more slots, and one that loses a rank and goes on from its last
-commit, each ending with the parameters of one process that replays the same sizes from the same
-commits; every failure kind in every phase in one job. The hosts' own storage and a lost host are
-in test_cluster.py. Pure logic (setting hosts aside, reading the discovery script, the sampler's
+the discovery script reports more slots, and one job that goes through every failure kind in every
+phase, one per generation, each going on from its last commit and ending with the parameters of one
+process that replays the same sizes from the same commits. The hosts' own storage, a lost host and
+a cut link are in test_cluster.py. Pure logic (setting hosts aside, reading the discovery script, the sampler's
 split) here too."""
 
 import importlib.util
@@ -112,21 +112,6 @@ def job_id(job):
     return next(line.split("job ")[1].split()[0] for line in job.stderr.splitlines() if "rrun: elastic job " in line)
 
 
-def test_a_killed_rank_costs_only_the_steps_since_the_last_commit(tmp_path):
-    script, _ = discovery_script(tmp_path, ["localhost:2"])
-    job = run_job(2, "elastic_train.py", 2, "--die", "kill", "rank1", 7,
-                  rrun_args=("--min-np", "2", "--host-discovery-script", script, "--blacklist-cooldown-range", "0.5",
-                             "1"), timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
-    resumed = assert_matches_replay(job, 2)
-    assert [(r["generation"], r["size"], r["step"]) for r in resumed] == [(0, 2, 0), (1, 2, 6)]
-    assert "rrun: rank 1 (on " in job.stderr and "failed first: killed by signal 9 (SIGKILL)" in job.stderr
-    assert "rrun: setting localhost aside for 0.5 s and going on without it" in job.stderr
-    died = events(job, "DYING")[0]["time"]
-    first_step = next(s["time"] for s in events(job, "STEP") if s["time"] > died)
-    assert first_step - died < 10, first_step - died
-
-
 class TestLogic:
     def test_a_failed_host_is_set_aside_for_the_cooldown_doubled_with_each_failure(self):
         now = [0.0]
@@ -186,3 +171,37 @@ class TestLogic:
         assert elastic.placement_host("hostb", ["hosta.example", "hostb.example"]) == "hostb.example"
         assert elastic.placement_host("elsewhere", ["localhost"]) == "elsewhere"
         assert elastic.placement_host(None, ["localhost"]) is None
+
+
+KINDS = ("kill", "segfault", "exception", "exit", "hang")
+PHASES = ("forward", "allreduce", "commit", "resize")
+# Every kind in every phase, one per generation (a reset callback runs from generation 1 on).
+PLAN = [[kind, phase] for phase in PHASES for kind in KINDS]
+PLAN = PLAN[:1] + PLAN[-len(KINDS):] + PLAN[1:-len(KINDS)]
+HOW_RRUN_SAYS = {"kill": "killed by signal 9 (SIGKILL)", "segfault": "killed by signal 11 (SIGSEGV)",
+                 "exception": "RuntimeError: the training step failed", "exit": "exited with status 3",
+                 "hang": "StallError"}
+
+
+def test_every_failure_kind_in_every_phase_ends_its_generation_and_loses_no_commit(tmp_path):
+    """One job, one failure per generation (rank 1 fails; a hung rank is caught by the stall
+    shutdown): rrun names each, the next generation resumes from the last commit (or the one being
+    confirmed, which rank 0 had written), and the job ends with the parameters of that schedule."""
+    script, _ = discovery_script(tmp_path, ["localhost:2"])
+    job = run_job(2, "elastic_train.py", 3, "--plan", json.dumps(PLAN),
+                  rrun_args=("--min-np", "2", "--host-discovery-script", script, "--blacklist-cooldown-range", "0",
+                             "0", "--stall-check-seconds", "1", "--stall-shutdown-seconds", "2"), timeout=240)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed = assert_matches_replay(job, 3)
+    assert [r["generation"] for r in resumed] == list(range(len(PLAN) + 1)), resumed
+    verdicts = [line for line in job.stderr.splitlines() if " failed first: " in line]
+    assert len(verdicts) == len(PLAN), verdicts
+    for (kind, phase), verdict in zip(PLAN, verdicts, strict=True):
+        rank = "rank 0" if kind == "hang" else "rank 1"  # the stall shutdown fails the rank that waits
+        assert verdict.startswith(f"rrun: {rank} (on ") and HOW_RRUN_SAYS[kind] in verdict, (kind, phase, verdict)
+    commits = [[int(line.split()[1]) for line in chunk.splitlines() if line.startswith("[0]<stdout>:COMMIT")]
+               for chunk in job.stdout.split("RESUMED")[1:]]
+    for generation, (kind, phase) in enumerate(PLAN):
+        before = [resumed[generation]["step"]] + commits[generation]
+        assert resumed[generation + 1]["step"] in (before[-1], before[-1] + 3 * (phase == "commit")), \
+            (generation, kind, phase, before, resumed[generation + 1])

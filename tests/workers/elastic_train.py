@@ -3,11 +3,14 @@ ElasticSampler, a commit every 3 steps and at each epoch's end. It prints what t
 generation's start (RESUMED: size, and the step, epoch and position it resumed from), each commit,
 each step's time, and at the end the parameters. A failure is asked for with arguments:
 
-    elastic_train.py EPOCHS [--die HOW HOST STEP] [--grow-file FILE STEP LINE] [--sleep S]
+    elastic_train.py EPOCHS [--die HOW HOST STEP] [--plan JSON] [--grow-file FILE STEP LINE] [--sleep S]
 
 --die: in generation 0 the ranks on HOST (a host name, or "rank1" for rank 1 alone) fail at STEP
 (HOW: kill, segfault, exception, exit; hang: sleep until killed; cut:SECONDS: cut the test
-cluster's link, and mend it SECONDS later). --grow-file: at STEP of generation
+cluster's link, and mend it SECONDS later). --plan: a list of [HOW, PHASE], one per generation: in
+that generation rank 1 fails so, two steps after it resumed, in PHASE (forward: before a step's
+forward; allreduce: after its backward, while the others average; commit: inside a commit, written
+but not confirmed; resize: in a reset callback, before training). --grow-file: at STEP of generation
 0, rank 0 appends LINE to FILE (which the discovery script prints)."""
 
 import argparse
@@ -69,6 +72,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("epochs", type=int)
     parser.add_argument("--die", nargs=3, metavar=("HOW", "HOST", "STEP"))
+    parser.add_argument("--plan", type=json.loads, default=[])
     parser.add_argument("--grow-file", nargs=3, metavar=("FILE", "STEP", "LINE"))
     parser.add_argument("--sleep", type=float, default=0.0)
     args = parser.parse_args()
@@ -84,9 +88,22 @@ def main():
     generation = int(os.environ.get("RINGREDUCE_ELASTIC_GENERATION", "0"))
     resets = []
     state.register_reset_callbacks([lambda: resets.append(rr.size())])
+    how, phase = args.plan[generation] if generation < len(args.plan) and rr.rank() == 1 else (None, None)
+    start = []  # the step this generation resumed from
+
+    def fail_in(where):
+        if phase == where and state.step >= start[0] + 2:
+            die(how)
+
+    if phase == "resize":
+        state.register_reset_callbacks([lambda: die(how)])
+    if phase == "commit":
+        confirm = state._store.confirm
+        state._store.confirm = lambda *a, **k: (fail_in("commit"), confirm(*a, **k))[1]
 
     @rr.elastic.run
     def train(state):
+        start.append(state.step)
         if rr.rank() == 0:
             print("RESUMED " + json.dumps({"generation": generation, "size": rr.size(), "step": state.step,
                                            "epoch": state.epoch, "processed": sampler.processed,
@@ -100,8 +117,10 @@ def main():
                 if args.grow_file and generation == 0 and state.step == int(args.grow_file[1]) and rr.rank() == 0:
                     with open(args.grow_file[0], "a") as f:
                         f.write(args.grow_file[2] + "\n")
+                fail_in("forward")
                 optimizer.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
+                fail_in("allreduce")
                 optimizer.step()
                 state.step += 1
                 sampler.record_batch(batch_idx, BATCH)
