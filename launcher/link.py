@@ -124,12 +124,13 @@ class LinkServer:
 
     def _check_silence(self, now):
         with self._lock:
-            silent = [p for p in self._peers.values() if now - p.heard > self.timeout and p.rank is not None]
+            silent = [p for p in self._peers.values() if now - p.heard > self.timeout]
             if not silent or self._silent_reported or self.supervisor is None:
                 return
             self._silent_reported = True
             first = min(silent, key=lambda p: p.heard)
-        self.supervisor.end(f"rank {first.rank} (on {first.host}) sent no heartbeat for {now - first.heard:.1f} s "
+        who = "a rank that never said which" if first.rank is None else f"rank {first.rank} (on {first.host})"
+        self.supervisor.end(f"{who} sent no heartbeat for {now - first.heard:.1f} s "
                             f"(--heartbeat-seconds {self.timeout:g}): its host is cut off or frozen", first.host)
 
     def _drop(self, peer):

@@ -24,10 +24,10 @@ class Link:
         self.hosts_updated = threading.Event()
         host, _, port = address.rpartition(":")
         self._socket = socket.create_connection((host, int(port)), timeout=timeout)
+        self._socket.sendall(protocol.link_message("hello", rank=rank, host=socket.gethostname(), pid=os.getpid()))
         self._socket.setblocking(False)
         self._lock = threading.Lock()
         self._pending = b""
-        self.send("hello", rank=rank, host=socket.gethostname(), pid=os.getpid())
         threading.Thread(target=self._run, name="ringreduce-rrun-link", daemon=True).start()
 
     def send(self, kind, **fields):

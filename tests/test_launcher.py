@@ -19,7 +19,7 @@ from ringreduce.launcher.cli import environment, fabric_environment, main
 from ringreduce.launcher.supervise import Supervisor
 from ringreduce.runtime import launch_mismatch
 
-from launch import rrun_command, run_job
+from launch import python_of, rrun_command, run_job
 
 RRUN = [sys.executable, "-m", "ringreduce.launcher"]
 
@@ -167,8 +167,18 @@ def test_check_build_reports_the_installation():
     assert "[X] mpi4py 4." in result.stdout
     assert "[X] persistent collectives (MPI_Allreduce_init)" in result.stdout  # MPICH 5 has them
     assert "[X] mpiexec " in result.stdout and "(MPICH)" in result.stdout
+    assert "[ ] fault tolerance (ULFM): its MPIX_Comm_shrink did not work here" in result.stdout
     assert "Available frameworks:" in result.stdout
     assert "GPU arrays and their transports (the first one checked is the default):\n    [" in result.stdout
+
+
+def test_check_build_says_open_mpi_5_can_shrink_a_job_in_place():
+    python = python_of("openmpi")
+    result = subprocess.run([python, "-m", "ringreduce.launcher", "--check-build"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "on Open MPI v5" in result.stdout
+    assert "[X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm)" in result.stdout
 
 
 def fake_mpiexec(tmp_path, version_text):
@@ -331,3 +341,39 @@ def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
         assert 2 * int(expected) <= allowed or expected == "1"
     job = run_job(2, "environment.py", "OMP_NUM_THREADS", env={"OMP_NUM_THREADS": "3"}, timeout=60)
     assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == ["3", "3"]
+
+
+@pytest.mark.mpi
+def test_a_frozen_rank_ends_the_job_after_the_heartbeat_timeout():
+    started = time.monotonic()
+    job = run_job(2, "misbehave.py", "sigstop", rrun_args=("--heartbeat-seconds", "2"), timeout=60)
+    assert job.returncode == 1, job.stderr[-2000:]
+    assert re.fullmatch(r"rrun: rank 1 \(on .+\) sent no heartbeat for 2\.\d s \(--heartbeat-seconds 2\): its host "
+                        r"is cut off or frozen", job.last_line), job.last_line
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--min-np", "2"), "an elastic job (--min-np, --max-np) needs --host-discovery-script"),
+    (("--host-discovery-script", "true", "-H", "a:2"),
+     "an elastic job takes its hosts from --host-discovery-script, not -H or --hostfile"),
+    (("--host-discovery-script", "true", "-np", "2", "--restarts", "1"),
+     "--restarts is for jobs that are not elastic; an elastic job goes on after failures by itself "
+     "(--reset-limit caps how often)"),
+    (("--host-discovery-script", "true", "--min-np", "4", "--max-np", "2"), "--max-np 2 is less than --min-np 4"),
+    (("--host-discovery-script", "true"), "give --min-np (or -np) for an elastic job"),
+])
+def test_elastic_options_that_do_not_fit_together_are_named(args, message):
+    assert one_line_error(rrun(*args, sys.executable, "-c", "pass")) == f"Error: {message}"
+
+
+def test_an_elastic_job_without_enough_slots_gives_up_after_the_elastic_timeout(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.chmod(0o755)
+    result = rrun("--min-np", "2", "--host-discovery-script", str(script), "--elastic-timeout", "1",
+                  sys.executable, "-c", "pass")
+    assert result.returncode == 2, result.stderr
+    assert "rrun: waiting for hosts: 1 usable slots, --min-np is 2" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: waited 1 s (--elastic-timeout) for the 2 slots of --min-np; the hosts usable have 1")

@@ -21,6 +21,8 @@ if rr.rank() == 1:
         sys.exit(0)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "sigstop":  # frozen: alive, but no thread of it runs
+        os.kill(os.getpid(), signal.SIGSTOP)
     if mode == "segfault":
         import ctypes
 
