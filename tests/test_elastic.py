@@ -205,3 +205,17 @@ def test_every_failure_kind_in_every_phase_ends_its_generation_and_loses_no_comm
         before = [resumed[generation]["step"]] + commits[generation]
         assert resumed[generation + 1]["step"] in (before[-1], before[-1] + 3 * (phase == "commit")), \
             (generation, kind, phase, before, resumed[generation + 1])
+
+
+def test_keras_state_resumes_fit_from_the_last_epoch_committed(tmp_path):
+    """tests/workers/tf_elastic.py: rank 1 exits as epoch 2 begins; the next generation's model and
+    optimizer are those of the commit at epoch 1's end, and fit goes on from epoch 2."""
+    script, _ = discovery_script(tmp_path, ["localhost:2"])
+    job = run_job(2, "tf_elastic.py", rrun_args=("--min-np", "2", "--host-discovery-script", script,
+                                                 "--blacklist-cooldown-range", "0", "0"), timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed, committed = events(job, "RESUMED"), events(job, "COMMITTED")
+    assert [c["epoch"] for c in committed] == [1, 2, 3, 4]
+    assert resumed[1] == committed[1] and resumed[1]["iterations"] == 10  # exactly the state committed
+    finals = events(job, "FINAL")
+    assert len(finals) == 2 and finals[0] == finals[1]

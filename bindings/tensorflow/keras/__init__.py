@@ -8,7 +8,7 @@ horovod.tensorflow.keras: data-parallel model.fit in two lines.
 """
 
 from ringreduce.tensorflow import *  # noqa: F403 - everything of ringreduce.tensorflow, as Horovod's keras module
-from ringreduce.tensorflow.keras import callbacks  # noqa: F401
+from ringreduce.tensorflow.keras import callbacks, elastic  # noqa: F401
 from ringreduce.tensorflow.keras.balancing import BalancedDataset  # noqa: F401
 from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
