@@ -72,7 +72,8 @@ def write_pickled(payload, target):
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as f:
-            f.write(MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()) + payload)
+            f.write(MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()))
+            f.write(payload)  # apart: joining them would copy the whole payload once more
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, target)
