@@ -103,3 +103,37 @@ def assert_weights_of_one_process(saved, first, second, epochs=2, batch_size=64)
     assert sorted(got) == sorted(model.state_dict())
     for name, value in model.state_dict().items():
         torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_elastic_example_goes_on_after_a_rank_is_killed(tmp_path):
+    """examples/pytorch_elastic.py under an elastic rrun: one of its ranks is killed after the
+    second epoch; the job goes on from the last commit and ends trained."""
+    import psutil
+
+    script = os.path.join(EXAMPLES, "pytorch_elastic.py")
+    stderr = open(tmp_path / "stderr", "w+")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "ringreduce.launcher", "-np", "2", "--min-np", "1", "--max-np", "2",
+         "--host-discovery-script", os.path.join(EXAMPLES, "discover_hosts.sh"), "--blacklist-cooldown-range", "1",
+         "1", sys.executable, script], stdout=subprocess.PIPE, stderr=stderr, text=True, stdin=subprocess.DEVNULL,
+        start_new_session=True)
+    lines = []
+    try:
+        for line in job.stdout:
+            lines.append(line.strip())
+            if "epoch 2:" in line and len([ln for ln in lines if "epoch 2:" in ln]) == 1:
+                ranks = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-1:] == [script]
+                         and not any(word.startswith("ringreduce.launcher") for word in p.info["cmdline"])]
+                assert len(ranks) == 2, ranks  # the ranks themselves, not rrun or their wrappers
+                ranks[-1].kill()
+        job.wait(timeout=150)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+    stderr.seek(0)
+    errors = stderr.read()
+    assert job.returncode == 0, errors[-3000:]
+    assert "failed first: killed by signal 9 (SIGKILL)" in errors and "rrun: generation 1: 2 ranks" in errors
+    assert re.search(r"rrun: resumed from commit \d+ on 2 ranks", errors), errors[-2000:]
+    last = lines[-1]
+    assert last.startswith("[0]<stdout>:epoch 8: test accuracy ") and float(last.split()[-4]) > 0.9, last
