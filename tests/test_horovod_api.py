@@ -183,3 +183,33 @@ POINT_TO_POINT = {"send": f"tensor, dst, {SET}, tag=0", "isend": f"tensor, dst, 
 def test_point_to_point_takes_torch_distributed_parameters(module, call):
     ours = [(p.name, p.default) for p in inspect.signature(getattr(module, call)).parameters.values()]
     assert ours == horovod_parameters(POINT_TO_POINT[call], rr)
+
+
+# horovod.torch.elastic's and horovod.tensorflow.keras.elastic's classes and methods (Horovod's
+# CommitStateCallback commits every batch by default; ringreduce's at epochs' ends: docs/elastic.md).
+ELASTIC = {
+    (rr.elastic.TorchState, "__init__"): "model=None, optimizer=None, **kwargs",
+    (rr.elastic.ObjectState, "__init__"): "**kwargs",
+    (rr.elastic.ElasticSampler, "__init__"): "dataset, shuffle=True, seed=0",
+    (rr.elastic.ElasticSampler, "record_batch"): "batch_idx, batch_size",
+    (rr.elastic.ElasticSampler, "set_epoch"): "epoch",
+    (rr.elastic.TorchState, "register_reset_callbacks"): "callbacks",
+    (rr_keras.elastic.KerasState, "__init__"): "model, optimizer=None, **kwargs",
+    (rr_keras.elastic.CommitStateCallback, "__init__"): "state, batches_per_commit=None",
+    (rr_keras.elastic.UpdateBatchStateCallback, "__init__"): "state",
+    (rr_keras.elastic.UpdateEpochStateCallback, "__init__"): "state",
+}
+
+
+@pytest.mark.parametrize("owner, method", sorted(ELASTIC, key=str))
+def test_elastic_classes_take_horovods_parameters(owner, method):
+    ours = [p for p in inspect.signature(getattr(owner, method)).parameters.values() if p.name != "self"]
+    theirs = inspect.signature(eval(f"lambda {ELASTIC[owner, method]}: None")).parameters.values()  # noqa: S307
+    assert [(p.name, p.default, p.kind) for p in ours] == [(p.name, p.default, p.kind) for p in theirs]
+
+
+def test_elastic_state_has_horovods_methods_and_names():
+    for method in ("commit", "restore", "sync", "save", "check_host_updates", "register_reset_callbacks", "on_reset"):
+        assert callable(getattr(rr.elastic.State, method))
+    assert rr.elastic.run is rr_keras.elastic.run and rr.elastic.HostsUpdatedInterrupt is rr.HostsUpdatedInterrupt
+    assert rr.HostsUpdatedInterrupt(skip_sync=True).skip_sync is True
