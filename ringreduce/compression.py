@@ -13,10 +13,16 @@ casts and adds it. A compressor of the user's own runs around the collective in 
 
 import functools
 
-import ml_dtypes
 import numpy as np
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+@functools.cache
+def bfloat16():
+    """numpy's dtype for bfloat16, from ml_dtypes, imported on first use: the import takes 0.8 s,
+    which every rank would otherwise pay at start-up."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 class Compressor:
@@ -24,7 +30,7 @@ class Compressor:
     compresses nothing."""
 
     name = "none"  # what the engine applies itself, for the built-ins
-    wire = None  # the dtype floating arrays travel as, for the built-in casts
+    wire = None  # the dtype floating arrays travel as, for the built-in casts (or a function giving it)
 
     @staticmethod
     def compress(tensor):
@@ -37,15 +43,18 @@ class Compressor:
     @classmethod
     def wire_dtype(cls, dtype):
         dtype = np.dtype(dtype)
-        return cls.wire if cls.wire is not None and dtype.kind == "f" else dtype
+        if cls.wire is None or dtype.kind != "f":
+            return dtype
+        return cls.wire() if callable(cls.wire) else cls.wire
 
 
 def casting(to, convert, is_floating):
     """compress and decompress (as static methods) of a compressor whose floating tensors travel as
-    `to`: `convert(tensor, dtype)` casts, `is_floating(tensor)` tells which to cast. Each call
-    makes functions of their own, by which in_engine tells the built-ins apart."""
+    `to` (a dtype, or a function that gives it when first needed): `convert(tensor, dtype)` casts,
+    `is_floating(tensor)` tells which to cast. Each call makes functions of their own, by which
+    in_engine tells the built-ins apart."""
     def compress(tensor):
-        return (convert(tensor, to) if is_floating(tensor) else tensor), tensor.dtype
+        return (convert(tensor, to() if callable(to) else to) if is_floating(tensor) else tensor), tensor.dtype
 
     def decompress(tensor, ctx):
         return convert(tensor, ctx)
@@ -71,8 +80,8 @@ class FP16Compressor(Compressor):
 class BF16Compressor(Compressor):
     """Floating arrays travel as bfloat16; other dtypes as themselves."""
 
-    name, wire = "bf16", BFLOAT16
-    compress, decompress = _numpy_casting(wire)
+    name, wire = "bf16", staticmethod(bfloat16)
+    compress, decompress = _numpy_casting(bfloat16)
 
 
 class ErrorFeedback(Compressor):

@@ -31,9 +31,11 @@ class Link:
         threading.Thread(target=self._run, name="ringreduce-rrun-link", daemon=True).start()
 
     def send(self, kind, **fields):
-        """Queue a message for rrun; the link's thread writes it within a beat."""
+        """Send a message to rrun now, as far as the socket takes it; the link's thread writes the
+        rest within a beat."""
         with self._lock:
             self._pending += protocol.link_message(kind, **fields)
+        self.flush(seconds=0)
 
     def flush(self, seconds=2.0):
         """Write what is queued, trying for up to `seconds` (0: what the socket takes now)."""

@@ -57,7 +57,7 @@ def elastic_job(tmp_path, how, *rrun_args):
     """tests/workers/elastic_train.py on hosta:2 and hostb:2 (--min-np 2), whose ranks on hostb fail
     (`how`) at step 7 of generation 0; hostb comes back in the discovery script after the cool-down."""
     script, _ = discovery_script(tmp_path, ["hosta:2", "hostb:2"])
-    return run_job(4, "elastic_train.py", 2, "--die", how, "hostb", 7, "--sleep", 0.1, on_cluster=True,
+    return run_job(4, "elastic_train.py", 3, "--die", how, "hostb", 7, "--sleep", 0.1, on_cluster=True,
                    rrun_args=("--min-np", "2", "--host-discovery-script", script, *rrun_args), timeout=150)
 
 
@@ -66,7 +66,7 @@ def assert_lost_and_regained(job, failed_at):
     to four, ending with the parameters of that schedule; returns the seconds from the failure to
     the first step after it."""
     assert job.returncode == 0, job.stderr[-3000:]
-    resumed = assert_matches_replay(job, 2)
+    resumed = assert_matches_replay(job, 3)
     assert [(r["size"], r["step"]) for r in resumed[:2]] == [(4, 0), (2, 6)], resumed
     assert resumed[-1]["size"] == 4 and len(resumed) == 3, resumed
     assert "rrun: generation 1: 2 ranks on hosta:2" in job.stderr

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ringreduce.compression import BFLOAT16, Compression, ErrorFeedback, TopK, compress, compress_all
+from ringreduce.compression import Compression, ErrorFeedback, TopK, bfloat16, compress, compress_all
 
 
 def test_the_casts_travel_as_their_wire_dtype_and_come_back():
@@ -20,7 +20,7 @@ def test_the_casts_travel_as_their_wire_dtype_and_come_back():
         assert np.isinf(Compression.fp16.compress(x)[0][1]) and not np.isinf(Compression.bf16.compress(x)[0][1])
     ints = np.arange(4, dtype=np.int32)
     assert Compression.bf16.compress(ints)[0] is ints and Compression.bf16.wire_dtype(np.int32) == np.int32
-    assert BFLOAT16.itemsize == 2
+    assert bfloat16().itemsize == 2
 
 
 def test_error_feedback_keeps_exactly_what_the_wire_lost_and_adds_it_to_the_next_step():
