@@ -58,8 +58,11 @@ class Supervisor:
         return self._verdict()
 
     def end(self, message, host):
-        """End the job for a reason rrun found itself (a rank that stopped beating), blaming `host`."""
+        """End the job for a reason rrun found itself (a rank that stopped beating), blaming `host`,
+        at once: no grace period, since mpiexec cannot reach a host cut off, and the ranks it can
+        reach wait for that host in vain."""
         self.ended_for = (message, host)
+        self.grace_seconds = 0
         self._stop.set()
 
     def blamed_host(self):
