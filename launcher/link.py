@@ -16,6 +16,7 @@ class LinkServer:
     def __init__(self, timeout):
         self.timeout = timeout
         self.supervisor = None  # the Supervisor of the job running now, which a silent rank ends
+        self.on_gone = None  # where ranks run without rrun's wrapper: told of a rank that left without a word
         self._listener = socket.create_server(("", 0))
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
@@ -95,10 +96,10 @@ class LinkServer:
             return
         except OSError:
             data = b""
+        if not data:
+            self._left(peer)
+            return
         with self._lock:
-            if not data:  # the rank ended (or its process did): its exit status tells rrun the rest
-                self._drop(peer)
-                return
             peer.heard = time.monotonic()
             *lines, peer.received = (peer.received + data).split(b"\n")
             for line in lines:
@@ -107,6 +108,16 @@ class LinkServer:
                     peer.rank, peer.host = message["rank"], message["host"]
                 elif message["kind"] != "beat":
                     self.messages.append((time.time(), peer.rank, message))
+                    peer.said_goodbye |= message["kind"] in ("done", "resizing")
+
+    def _left(self, peer):
+        """A rank's connection closed: its process ended (its exit status tells rrun the rest, from
+        rrun's wrapper; where ranks run without it, one that said no goodbye failed)."""
+        with self._lock:
+            self._drop(peer)
+        if self.on_gone is not None and not peer.said_goodbye and peer.rank is not None:
+            self.on_gone({"rank": peer.rank, "host": peer.host, "code": None, "time": time.time(), "stopped_by": None,
+                          "last_error": None})
 
     def _send_all(self):
         with self._lock:
@@ -149,6 +160,7 @@ class _Peer:
         self.heard = time.monotonic()
         self.received = b""
         self.outgoing = b""
+        self.said_goodbye = False
 
 
 def advertised_host(hosts):

@@ -2,6 +2,7 @@
 or rrun is interrupted, leaving no process behind, and saying which rank failed first (after
 which mpiexec's own cleanup banners are not shown, unless asked for with --verbose)."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +18,11 @@ POLL_SECONDS = 0.1
 
 
 class Supervisor:
-    def __init__(self, argv, verbose=False, grace_seconds=GRACE_SECONDS):
+    def __init__(self, argv, verbose=False, grace_seconds=GRACE_SECONDS, on_failure=None):
+        """`on_failure(report)`, where given, is asked about each rank that fails: true when the job
+        goes on without it (its survivors shrink in place), so it is not ended."""
         self.argv = argv
+        self.on_failure = on_failure
         self.verbose = verbose
         self.grace_seconds = grace_seconds
         self._banners = {}  # sink -> BannerFilter of mpiexec's own lines to it
@@ -80,7 +84,7 @@ class Supervisor:
     def _first_failure(self):
         """The report of the rank that failed first (one that left while others waited is to blame
         for their PeerExitedError), or None."""
-        failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None]
+        failures = [r for r in self.reports if r["code"] != 0 and r["stopped_by"] is None and not r.get("survived")]
         if not failures:
             return None
         leaving = [r for r in self.reports if r.get("left")]
@@ -101,9 +105,10 @@ class Supervisor:
     def _relay(self, source, sink):
         banners = self._banners[sink] = BannerFilter()
         for line in iter(source.readline, b""):
+            line = _untagged(line)
             report = parse_status(line)
             if report is not None:
-                self._take_report(report)
+                self.take_report(report)
                 continue
             if not line.endswith(b"\n"):
                 # A last line cut short; Open MPI's launcher ends with a lone NUL byte.
@@ -113,10 +118,14 @@ class Supervisor:
             _write(sink, [line] if line.startswith(b"[") else banners.feed(line))
         _write(sink, banners.flush())
 
-    def _take_report(self, report):
+    def take_report(self, report):
+        """A rank ended: its wrapper's status line, or (where ranks run without it) rrun's link seeing it go."""
         with self._lock:
             self.reports.append(report)
         if report["code"] != 0 and report["stopped_by"] is None:
+            if self.on_failure is not None and self.on_failure(report):
+                report["survived"] = True
+                return
             self._stop.set()  # fail fast: one rank failed, so end them all
 
     def _remember_family(self):
@@ -158,7 +167,7 @@ class Supervisor:
         first = self._first_failure()
         if first is not None:
             self._show_banners()
-            _say(f"rank {first['rank']} (on {first['host']}) failed first: {_how(first)}")
+            _say(f"rank {first['rank']} (on {first['host']}) failed first: {report_how(first)}")
             code = first["code"] or 1
             return code if code > 0 else 128 - code
         self._show_banners(always=True)
@@ -174,6 +183,19 @@ class Supervisor:
                 _write(sink, banners.held)
 
 
+_OPEN_MPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>: ?")
+
+
+def _untagged(line):
+    """A line of a rank that Open MPI tagged itself (`[1,3]<stdout>: text`, where the ranks run without
+    rrun's wrapper) in rrun's form, `[3]<stdout>:text`; a status line without its tag."""
+    match = _OPEN_MPI_TAG.match(line)
+    if match is None:
+        return line
+    text = line[match.end():]
+    return text if parse_status(text) is not None else b"[%s]<%s>:%s" % (match[1], match[2], text)
+
+
 def _write(sink, lines):
     if lines:
         sink.writelines(lines)
@@ -187,10 +209,12 @@ def _still_running(process):
         return False
 
 
-def _how(report):
+def report_how(report):
     code = report["code"]
     if report.get("left"):
         return f"left the job while others waited for it (its script ended or called sys.exit): {report['left']}"
+    if code is None:  # seen by its link to rrun closing, where no wrapper reports its exit
+        return "its process ended without a word to rrun (killed, or crashed)"
     if code < 0:
         how = f"killed by signal {-code} ({signal.Signals(-code).name})"
     else:

@@ -21,6 +21,7 @@ script: process sets, load balancers and compression residuals are rebuilt from 
 
 import copy
 import functools
+import os
 import pickle
 import sys
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from ringreduce import collectives, commits, rrun_link, runtime
 from ringreduce.errors import HostsUpdatedInterrupt
+from ringreduce.launcher import protocol
 from ringreduce.objects import broadcast_object
 from ringreduce.ops import Max
 
@@ -133,22 +135,34 @@ def run(func):
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        key = state._resume()
         link = rrun_link.current()
-        if link is not None:
-            link.send("resumed", commit=None if key is None else key[1], size=runtime.size())
-        if commits.generation() > 0:
-            state.on_reset()
-        try:
-            result = func(state, *args, **kwargs)
-        except HostsUpdatedInterrupt:
-            if link is None:
-                raise  # not under rrun: nobody would start the next generation
-            link.send("resizing")
-            link.flush()
-            runtime.shutdown()
-            sys.exit(0)
-        state._store.discard()
-        return result
+        in_place = os.environ.get(protocol.IN_PLACE_VARIABLE) == "1"
+        reset, shrunk = commits.generation() > 0, False
+        while True:
+            key = state._resume()
+            if link is not None:
+                link.send("resumed", commit=None if key is None else key[1], size=runtime.size(), in_place=shrunk)
+            if reset:
+                state.on_reset()
+            try:
+                result = func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                if link is None:
+                    raise  # not under rrun: nobody would start the next generation
+                link.send("resizing")
+                link.flush()
+                runtime.shutdown()
+                sys.exit(0)
+            except Exception as error:
+                if not (in_place and runtime.peer_failed(error)):
+                    raise
+                runtime.shrink()  # the survivors go on in their processes, from the last commit
+                link.rejoin(runtime.rank())
+                reset = shrunk = True
+                continue
+            if link is not None:
+                link.send("done")
+            state._store.discard()
+            return result
 
     return wrapper

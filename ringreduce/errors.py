@@ -56,6 +56,11 @@ class GpuError(RingReduceError):
     """A GPU array reached ringreduce where no GPU can be used, or no agreed transport exists."""
 
 
+class RankFailedError(RingReduceError):
+    """A rank of the job failed and the survivors go on without it (an elastic job under an MPI with
+    ULFM): what every survivor's waits raise, until ringreduce.elastic.run shrinks the job."""
+
+
 class CorruptCheckpointError(RingReduceError):
     """A checkpoint file is not whole (truncated, or its contents do not match their checksum)."""
 

@@ -39,6 +39,7 @@ from ringreduce.engine import agreement
 from ringreduce.engine.loop import report_stall
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError, ranks_text
+from ringreduce.machine import faults
 from ringreduce.machine.transport import MAX_SLEEP_SECONDS, YIELD_SECONDS, wait_until
 
 MAX_RANKS = 8  # above this, sending every peer a message costs more than the engine's collectives
@@ -137,6 +138,7 @@ class ProgramOrder:
             if waited < YIELD_SECONDS:
                 os.sched_yield()
                 continue
+            faults.check()
             with self.engine.waiters:  # this rank is blocked: what tells a deadlock of the others' requests
                 time.sleep(min(waited / 4, MAX_SLEEP_SECONDS))
             pending = {peer: request for peer, request in zip(self.peers, plan.receives, strict=True)

@@ -13,6 +13,7 @@ import time
 
 from ringreduce.errors import RingReduceError
 from ringreduce.launcher import protocol
+from ringreduce.machine import faults
 
 LOST_EXIT_CODE = 75  # ended for lost contact with rrun (EX_TEMPFAIL)
 
@@ -29,6 +30,11 @@ class Link:
         self._lock = threading.Lock()
         self._pending = b""
         threading.Thread(target=self._run, name="ringreduce-rrun-link", daemon=True).start()
+
+    def rejoin(self, rank):
+        """Say this process's new rank (the job shrank)."""
+        self.rank = rank
+        self.send("hello", rank=rank, host=socket.gethostname(), pid=os.getpid())
 
     def send(self, kind, **fields):
         """Send a message to rrun now, as far as the socket takes it; the link's thread writes the
@@ -76,8 +82,11 @@ class Link:
                     heard, received = time.monotonic(), received + data
                     *lines, received = received.split(b"\n")
                     for line in lines:
-                        if protocol.parse_link_message(line)["kind"] == "hosts-updated":
+                        message = protocol.parse_link_message(line)
+                        if message["kind"] == "hosts-updated":
                             self.hosts_updated.set()
+                        elif message["kind"] == "rank-failed":  # the job goes on without it (ULFM)
+                            faults.report(message["why"])
                 if time.monotonic() - heard > self.timeout:
                     self._lose(f"no word from rrun for {self.timeout:g} s (this host's link is down, or rrun's "
                                "host is)")

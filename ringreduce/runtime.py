@@ -21,9 +21,9 @@ from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
 from ringreduce.engine.timeline import NoTimeline, Timeline
 from ringreduce.engine.wire import Wire
-from ringreduce.errors import NotInitializedError, RingReduceError, ranks_text
+from ringreduce.errors import NotInitializedError, RankFailedError, RingReduceError, ranks_text
 from ringreduce.launcher import protocol
-from ringreduce.machine import gpu, topology
+from ringreduce.machine import faults, gpu, topology
 
 _active = None
 _hooks_installed = False
@@ -83,6 +83,7 @@ class Runtime:
         ranks = range(self.topology.size)
         self.domains = {0: Domain(0, ranks, self.engine, comm.Dup(), self._ordered(ordered_comm, ranks, self.engine))}
         self.failing = False
+        self.world = comm  # what the job shrinks from when a rank fails (ULFM)
 
     def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False):
         """An engine on `engine_comm` (which the engine owns from now on), with the algorithms
@@ -248,6 +249,35 @@ def shutdown():
         return
     runtime, _active = _active, None
     runtime.close()
+
+
+def shrink():
+    """Go on without the ranks that failed (MPI's fault tolerance, ULFM): the runtime of the old job
+    is left as it is (its communicators include the dead; freeing them would wait for it), its
+    engines stop, and ringreduce starts again on the survivors (MPIX_Comm_shrink of the job's
+    communicator). Every survivor calls it; process sets are gone."""
+    global _active
+    broken, _active = _active, None
+    cause = RankFailedError("the job shrank after a rank failed")
+    for domain in broken.domains.values():
+        if domain.engine is not None:
+            domain.engine.abandon(cause)
+    faults.clear()
+    init(comm=broken.world.Shrink())
+
+
+def peer_failed(error):
+    """Is `error` (or its cause) what a rank's failure makes the survivors raise?"""
+    while error is not None:
+        if isinstance(error, RankFailedError) or faults.failed():
+            return True
+        if isinstance(error, MPI.Exception) and error.Get_error_class() in _FAILURE_CLASSES:
+            return True
+        error = error.__cause__
+    return False
+
+
+_FAILURE_CLASSES = tuple(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_REVOKED") if hasattr(MPI, name))
 
 
 def is_initialized():

@@ -1,9 +1,9 @@
 """Elastic jobs through the real rrun and MPI (tests/workers/elastic_train.py): a job that grows when
 the discovery script reports more slots, and one job that goes through every failure kind in every
 phase, one per generation, each going on from its last commit and ending with the parameters of one
-process that replays the same sizes from the same commits. The hosts' own storage, a lost host and
-a cut link are in test_cluster.py. Pure logic (setting hosts aside, reading the discovery script, the sampler's
-split) here too."""
+process that replays the same sizes from the same commits; under Open MPI's ULFM, survivors that go
+on in place. The hosts' own storage, a lost host and a cut link are in test_cluster.py. Pure logic
+(setting hosts aside, reading the discovery script, the sampler's split) here too."""
 
 import importlib.util
 import json
@@ -16,7 +16,7 @@ import torch
 from ringreduce.launcher import elastic
 from ringreduce.launcher.errors import LaunchError
 
-from launch import WORKERS, run_job
+from launch import WORKERS, python_of, run_job
 
 pytestmark = pytest.mark.mpi
 
@@ -220,3 +220,20 @@ def test_keras_state_resumes_fit_from_the_last_epoch_committed(tmp_path):
     assert resumed[1] == committed[1] and resumed[1]["iterations"] == 10  # exactly the state committed
     finals = events(job, "FINAL")
     assert len(finals) == 2 and finals[0] == finals[1]
+
+
+def test_under_open_mpi_with_ulfm_the_survivors_of_a_killed_rank_go_on_in_place(tmp_path):
+    """Open MPI shrinks the job (ULFM): rank 2 of 3 is killed at step 7 and ranks 0 and 1 go on in
+    their processes, in the same generation, from commit 6, ending with the parameters of that
+    schedule."""
+    script, _ = discovery_script(tmp_path, ["localhost:3"])
+    python = python_of("openmpi")
+    job = run_job(3, "elastic_train.py", 2, "--die", "kill", "rank2", 7, python=python,
+                  rrun_args=("--min-np", "2", "--host-discovery-script", script), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed = assert_matches_replay(job, 2)
+    assert [(r["generation"], r["size"], r["step"]) for r in resumed] == [(0, 3, 0), (0, 2, 6)]
+    assert resumed[1]["resets"] == [2]
+    assert "rrun: rank 2 (on " in job.stderr and "the 2 others go on in place from their last commit" in job.stderr
+    died = events(job, "DYING")[0]["time"]
+    assert resumed[1]["time"] - died < 3, resumed[1]["time"] - died

@@ -253,6 +253,13 @@ class _DistributedOptimizer:
             self._balancer.step_done()
         return result
 
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's state_dict; averages still in flight (a step cut short, as when a
+        rank of the job failed) are dropped: the loaded state is where training goes on from."""
+        self._handles, self._in_flight = {}, {}
+        self._passes = dict.fromkeys(self._passes, 0)
+        super().load_state_dict(state_dict)
+
     def zero_grad(self, set_to_none=True):
         if self._handles:
             raise RuntimeError("zero_grad() was called after backward() but before step() or synchronize(): "

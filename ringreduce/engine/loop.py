@@ -23,7 +23,7 @@ from ringreduce.engine import fusion
 from ringreduce.engine.negotiation import Negotiator
 from ringreduce.engine.requests import Waiters
 from ringreduce.engine.wire import RankState
-from ringreduce.errors import PeerExitedError, RingReduceError
+from ringreduce.errors import PeerExitedError, RankFailedError, RingReduceError
 from ringreduce.execution.host import Executor
 
 _JOIN, _SHUTDOWN = object(), object()
@@ -149,6 +149,9 @@ class Engine:
                         continue  # woken for requests that a waiting caller's cycles already ran
                     if self._cycle_once():
                         break
+        except RankFailedError as error:  # the job shrinks (ringreduce.elastic): nothing more to say here
+            self._break(error)
+            return
         except BaseException as error:  # the engine cannot go on: fail everything, now and later
             self._break(error)
             raise
@@ -284,6 +287,12 @@ class Engine:
             self._incoming.clear()
         for handle in handles:
             handle.finish(error=failure)
+
+    def abandon(self, cause):
+        """Stop without the shutdown every rank would have to join: a rank of the job has failed.
+        Everything in flight fails with `cause`; the thread ends."""
+        self._break(cause)
+        self._thread.join(timeout=5)
 
     def _finish_shutdown(self):
         self.algorithms.close()

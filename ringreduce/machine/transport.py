@@ -13,6 +13,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ringreduce.machine import faults
+
 YIELD_SECONDS = 200e-6
 MAX_SLEEP_SECONDS = 1e-3
 
@@ -30,6 +32,7 @@ def wait_until(done):
         if done():
             return
     while not done():
+        faults.check()  # a dead rank would never let it be done
         time.sleep(min((time.perf_counter() - start) / 4, MAX_SLEEP_SECONDS))
 
 
