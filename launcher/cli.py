@@ -167,7 +167,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
     job = dialects.JobSpec(
         num_proc=num_proc,
-        rank_command=[sys.executable, "-m", "ringreduce.launcher.rank", str(num_proc), "--", *command],
+        rank_command=rank.wrapped(num_proc, command),
         placement=placement,
         network_interface=network_interface,
         bind_to=bind_to,
@@ -181,7 +181,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if elastic_settings is not None:
         argv_of = functools.partial(dialect.command, mpiexec)
         in_place = dialects.shrinks_in_place(mpiexec, dialect)
-        sys.exit(ElasticRun(elastic_settings, num_proc, job, verbose, grace_seconds, argv_of, in_place).run())
+        sys.exit(ElasticRun(elastic_settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place).run())
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
     heartbeat = link.LinkServer(heartbeat_seconds) if heartbeat_seconds and not dry_run else None

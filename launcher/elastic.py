@@ -19,7 +19,7 @@ import uuid
 
 import click
 
-from ringreduce.launcher import hosts, link, protocol
+from ringreduce.launcher import hosts, link, protocol, rank
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor, report_how
 
@@ -101,12 +101,14 @@ class SetAside:
 
 
 class ElasticRun:
-    def __init__(self, settings, num_proc, job, verbose, grace_seconds, argv_of, in_place=False):
-        """`argv_of(job)`: the mpiexec command line of a dialects.JobSpec. `in_place`: the MPI can
+    def __init__(self, settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place=False):
+        """`job`: a dialects.JobSpec that each generation's size and hosts complete; `command`: the
+        user's; `argv_of(job)`: the mpiexec command line of a JobSpec. `in_place`: the MPI can
         shrink a job (ULFM), so the survivors of a failure go on in their processes."""
         self.settings = settings
         self.first_size = num_proc
         self.job = job
+        self.command = command
         self.verbose = verbose
         self.grace_seconds = grace_seconds
         self.argv_of = argv_of
@@ -134,14 +136,13 @@ class ElasticRun:
                    protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
             if self.settings.commit_dir:
                 env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
-            if self.in_place:
-                env[protocol.IN_PLACE_VARIABLE] = "1"
-            rank_command = [*self.job.rank_command[:3], str(size), *self.job.rank_command[4:]]
+            rank_command = rank.wrapped(size, self.command)
             if self.in_place:
                 # Open MPI must see the ranks themselves die, to tell the survivors: no wrapper
                 # (rrun's link tells it of a rank that dies; Open MPI tags the lines).
-                rank_command = self.job.rank_command[5:]
-                env.update({protocol.WORLD_SIZE_VARIABLE: str(size), "PYTHONUNBUFFERED": "1"})
+                rank_command = list(self.command)
+                env.update({protocol.IN_PLACE_VARIABLE: "1", protocol.WORLD_SIZE_VARIABLE: str(size),
+                            "PYTHONUNBUFFERED": "1"})
             job = dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command,
                                       fault_tolerant=self.in_place)
             _say(f"generation {generation}: {size} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
@@ -149,7 +150,7 @@ class ElasticRun:
             survivors = _Survivors(self, placement, link_server) if self.in_place else None
             supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds, survivors)
             link_server.watch(supervisor)
-            link_server.on_gone = survivors and (lambda report, s=supervisor: s.take_report(report))
+            link_server.on_gone = supervisor.take_report if survivors is not None else None
             watcher = _HostWatcher(self, placement, link_server)
             watcher.start()
             try:
@@ -157,9 +158,8 @@ class ElasticRun:
             finally:
                 watcher.stop()
             messages = link_server.messages[started:]
-            self._report_resume(messages, failed_at)
-            if survivors is not None:
-                survivors.report_resumes(messages)
+            _say_resumes(messages, ([(failed_at, "the last generation ended")] if failed_at is not None else [])
+                         + [(failed, "the failure") for failed in (survivors.failed_at if survivors else [])])
             if supervisor.interrupted_by is not None:
                 return status
             resizing = any(m["kind"] == "resizing" for _, _, m in messages)
@@ -206,14 +206,18 @@ class ElasticRun:
                 said = message
             time.sleep(DISCOVERY_INTERVAL)
 
-    @staticmethod
-    def _report_resume(messages, failed_at):
-        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed" and not m.get("in_place")]
-        if resumed and failed_at is not None:
-            first, message = min(resumed, key=lambda item: item[0])
-            commit = message["commit"]
-            _say(f"resumed from {'commit ' + str(commit) if commit is not None else 'the start'} on "
-                 f"{message['size']} ranks, {first - failed_at:.1f} s after the last generation ended")
+
+def _say_resumes(messages, events):
+    """For each (time, what) of `events` (the last generation's end, a failure survived in place),
+    how long until the ranks went on: the first resume after it."""
+    resumed = [(when, message) for when, _, message in messages if message["kind"] == "resumed"]
+    for event, what in events:
+        first = min(((when, m) for when, m in resumed if when >= event), key=lambda item: item[0], default=None)
+        if first is not None:
+            when, message = first
+            commit = "the start" if message["commit"] is None else f"commit {message['commit']}"
+            _say(f"resumed from {commit} on {message['size']} ranks{' in place' if message.get('in_place') else ''}, "
+                 f"{when - event:.2f} s after {what}")
 
 
 class _Survivors:
@@ -235,15 +239,6 @@ class _Survivors:
         _say(f"{why}; the {self.alive} others go on in place from their last commit")
         self.failed_at.append(report["time"])
         return True
-
-    def report_resumes(self, messages):
-        """How long after each failure the survivors went on."""
-        resumed = [(t, m) for t, _, m in messages if m["kind"] == "resumed" and m.get("in_place")]
-        for failed in self.failed_at:
-            first = min(((t, m) for t, m in resumed if t >= failed), key=lambda item: item[0], default=None)
-            if first is not None:
-                _say(f"resumed in place from commit {first[1]['commit']} on {first[1]['size']} ranks, "
-                     f"{first[0] - failed:.2f} s after the failure")
 
 
 def placement_host(reported, names):

@@ -68,6 +68,11 @@ def main(argv=None):
     return code if code >= 0 else 128 - code
 
 
+def wrapped(world_size, command):
+    """What mpiexec starts for each rank: this wrapper around the user's `command`."""
+    return [sys.executable, "-m", "ringreduce.launcher.rank", str(world_size), "--", *command]
+
+
 def threads_per_rank(environ):
     """The threads a rank's OpenMP and BLAS pools (torch's, numpy's OpenBLAS) should start: the CPUs
     it may run on, shared with the host's other ranks where mpiexec did not bind it (every CPU

@@ -268,10 +268,11 @@ def shrink():
 
 def peer_failed(error):
     """Is `error` (or its cause) what a rank's failure makes the survivors raise?"""
+    if faults.failed():
+        return True
     while error is not None:
-        if isinstance(error, RankFailedError) or faults.failed():
-            return True
-        if isinstance(error, MPI.Exception) and error.Get_error_class() in _FAILURE_CLASSES:
+        if isinstance(error, RankFailedError) or (
+                isinstance(error, MPI.Exception) and error.Get_error_class() in _FAILURE_CLASSES):
             return True
         error = error.__cause__
     return False
