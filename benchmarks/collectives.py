@@ -31,7 +31,7 @@ from gloo import start_gloo
 from mpi4py import MPI
 
 import ringreduce as rr
-from ringreduce.algorithms.ring import RingFamily
+from ringreduce.algorithms.families import RingFamily
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.config import Config
 from ringreduce.machine import topology

@@ -15,6 +15,7 @@ import click
 import psutil
 
 from ringreduce import config
+from ringreduce.algorithms import cost
 from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, protocol, rank, reach, slurm
 from ringreduce.launcher.elastic import ElasticRun
 from ringreduce.launcher.errors import LaunchError
@@ -30,8 +31,12 @@ RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, 
 # The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
 KNOBS = (
     ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(config.ALGORITHMS),
-     "Collective algorithms: chosen by size and topology, the ring, shared memory inside each host, "
-     "or the MPI library's own [default: auto].", str),
+     "Collective algorithms: chosen per collective, size and topology by the cost model, or one family "
+     "for all: the ring, shared memory inside each host, the MPI library's own, recursive halving and "
+     "doubling, the binomial tree [default: auto].", str),
+    ("--profile", "RINGREDUCE_PROFILE", click.Path(dir_okay=False),
+     "The cost model's profile: where --calibrate saves it and jobs read it "
+     "[default: ~/.cache/ringreduce/profile.json].", os.path.abspath),
     ("--gpu-transport", "RINGREDUCE_GPU_TRANSPORT", click.Choice(config.GPU_TRANSPORTS),
      "How collectives of GPU arrays travel: NCCL, CUDA-aware MPI or staging through pinned host "
      "memory [default: auto, the first of these that every rank has].", str),
@@ -73,6 +78,16 @@ def knob_options(command):
     return command
 
 
+def explanation(num_proc, host_list, hostfile, knobs):
+    """What `rrun --explain` prints: the profile's parameters and the choice it makes for this job."""
+    num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
+    hosts = len(placement) if placement else 1
+    homogeneous = not placement or len({slots for _, slots in placement}) == 1
+    path = knobs.get("profile")
+    return cost.explain(cost.load(path and os.path.abspath(path)), cost.Shape(num_proc, hosts, homogeneous),
+                        knobs.get("hierarchical_allreduce"))
+
+
 def _knob_name(flag):
     return flag.split("/")[0].lstrip("-").replace("-", "_")
 
@@ -102,6 +117,12 @@ def _knob_name(flag):
               "cleanup banners after a rank failed (hidden once rrun has named the rank).")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
+@click.option("--calibrate", is_flag=True,
+              help="Measure the cost model's parameters on these ranks and hosts (a few seconds) and save them "
+                   "(--profile) for later jobs, instead of running a command.")
+@click.option("--explain", is_flag=True,
+              help="Show the cost model's parameters and the algorithm it gives each collective at each size "
+                   "for these ranks and hosts, and exit.")
 @click.option("--skip-host-check", is_flag=True,
               help="Do not check, before starting, that every host of -H/--hostfile answers over ssh.")
 @click.option("--grace-seconds", type=click.FloatRange(min=0), default=3.0, show_default=True,
@@ -137,9 +158,9 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
-         mpiexec_name, env_items, verbose, dry_run, check_build, skip_host_check, grace_seconds, restarts, min_np,
-         max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
-         heartbeat_seconds, commit_dir, command, **knobs):
+         mpiexec_name, env_items, verbose, dry_run, check_build, calibrate, explain, skip_host_check, grace_seconds,
+         restarts, min_np, max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
+         blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
@@ -148,6 +169,13 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
         return
+    if explain:
+        click.echo(explanation(num_proc, host_list, hostfile, knobs))
+        return
+    if calibrate:
+        if command:
+            raise LaunchError("--calibrate runs its own probe: give no command with it")
+        command = (sys.executable, "-m", "ringreduce.algorithms.calibration")
     if not command:
         raise LaunchError("give the command to run, e.g. `rrun -np 2 python train.py`")
     check_command(command)

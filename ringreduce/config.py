@@ -7,15 +7,19 @@ follow Horovod's where Horovod has the same knob.
 import dataclasses
 import os
 
-ALGORITHMS = ("auto", "ring", "shm", "mpi")
+ALGORITHMS = ("auto", "ring", "shm", "mpi", "halving_doubling", "tree")
 GPU_TRANSPORTS = ("auto", "nccl", "mpi", "staged")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    # "auto": chosen per call by size and topology; "ring": the ring over MPI point-to-point;
-    # "shm": shared memory inside each host; "mpi": the MPI library's collectives (the baseline).
+    # "auto": chosen per collective, size and topology by the cost model (algorithms/cost.py);
+    # "ring": the ring over MPI point-to-point; "halving_doubling" and "tree": recursive halving and
+    # doubling, a binomial tree; "shm": shared memory inside each host; "mpi": the MPI library's own.
     algorithm: str = "auto"
+    # Fit the cost model on this job's ranks at init (a probe of about a second) instead of loading
+    # the saved profile (RINGREDUCE_PROFILE, ~/.cache/ringreduce/profile.json, from rrun --calibrate).
+    calibrate: bool = False
     # Large transfers are split into pieces of this many bytes so that the reduction of one
     # piece overlaps the transfer of the next.
     pipeline_chunk_bytes: int = 4 << 20
@@ -57,7 +61,7 @@ class Config:
         if gpu_transport not in GPU_TRANSPORTS:
             raise ValueError(f"RINGREDUCE_GPU_TRANSPORT={gpu_transport!r} is not one of {', '.join(GPU_TRANSPORTS)}")
         hierarchical = _switch(environ, "RINGREDUCE_HIERARCHICAL")
-        if hierarchical and algorithm in ("ring", "mpi"):
+        if hierarchical and algorithm not in ("auto", "shm"):
             raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not {algorithm}")
         return cls(
             algorithm=algorithm,
@@ -80,6 +84,7 @@ class Config:
             stall_stacks=bool(_switch(environ, "RINGREDUCE_STALL_STACKS")),
             straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
             program_order=_switch(environ, "RINGREDUCE_PROGRAM_ORDER") is not False,
+            calibrate=bool(_switch(environ, "RINGREDUCE_CALIBRATE")),
         )
 
 

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
 from ringreduce import preemption, program_order, rrun_link
-from ringreduce.algorithms import choice
+from ringreduce.algorithms import calibration, choice, cost
 from ringreduce.config import Config
 from ringreduce.engine.loop import Engine
 from ringreduce.engine.negotiation import Stragglers
@@ -73,11 +73,29 @@ class Domain:
         return f"process set {self.set_id} (ranks {', '.join(map(str, self.ranks))})"
 
 
+def _cost_profile(comm, config):
+    """The cost model's profile, the same on every rank (ranks that chose differently would wait
+    for each other forever): measured now when RINGREDUCE_CALIBRATE asks, else rank 0's saved one."""
+    if config.calibrate:
+        return calibration.measure(comm, piece_bytes=config.shared_memory_piece_bytes)
+    loaded = None
+    if comm.rank == 0:
+        try:
+            loaded = cost.load()
+        except ValueError as error:  # every rank raises it, none waits for rank 0
+            loaded = error
+    loaded = comm.bcast(loaded, root=0)
+    if isinstance(loaded, ValueError):
+        raise loaded
+    return loaded
+
+
 class Runtime:
     def __init__(self, comm, config):
         self.config = config
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
+        self.profile = _cost_profile(comm, config)
         ordered_comm = comm.Dup() if program_order.available(comm, config) else None
         self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
         ranks = range(self.topology.size)
@@ -90,7 +108,7 @@ class Runtime:
         chosen for its topology; `ranks` name its ranks as the user knows them."""
         config = self.config
         place, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
-        selector = choice.select(config, place, engine_comm, host_comm, cross_comm)
+        selector = choice.select(config, place, engine_comm, host_comm, cross_comm, self.profile)
         if select_gpu:
             gpu.select_device(place.local_rank)
         shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)

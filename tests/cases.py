@@ -25,14 +25,20 @@ def ends(size):
     return [0, size - 1] if size > 2 else [size - 1]
 
 
-def values(rank, dtype, length, salt=0):
+def values(rank, dtype, length, salt=0, magnitude=3):
     """Small whole numbers (bools for bool), so every sum and product is exact in any order
     of reduction and the comparison with numpy can be exact, to the last element."""
     rng = np.random.default_rng(1_000_003 * rank + 7919 * length + salt)
     if dtype == "bool":
         return rng.random(length) < 0.7
-    low = 0 if dtype.startswith("uint") else -3
-    return rng.integers(low, 4, size=length).astype(dtype)
+    low = 0 if dtype.startswith("uint") else -magnitude
+    return rng.integers(low, magnitude + 1, size=length).astype(dtype)
+
+
+def case_input(rank, dtype, op, length):
+    """A rank's input to an allreduce case: for Product, powers of two (and 0, -1, 1), whose products
+    over 8 ranks are still exact in float16 (3**8 is not)."""
+    return values(rank, dtype, length, magnitude=2 if op == "Product" else 3)
 
 
 def normal(rank, dtype, length):

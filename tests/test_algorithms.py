@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from threads import QueueTransport, ThreadSegment, data, run_ranks, shared_host
 
-from ringreduce.algorithms import pairwise, ring, tree
-from ringreduce.algorithms.choice import SMALL_BYTES, plan
+from ringreduce.algorithms import halving, pairwise, ring, tree
+from ringreduce.algorithms.choice import plan
 from ringreduce.algorithms.contract import DeviceFamily, HostFamily
 from ringreduce.algorithms.device import CudaAwareMpi, Nccl, Staged
+from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.ring import RingFamily
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
@@ -38,6 +38,35 @@ def test_ring_allreduce(size, chunk):
         expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
         for got in run_ranks(size, work):
             np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+@pytest.mark.parametrize("algorithm", ["halving_doubling", "tree"])
+def test_logarithmic_allreduces(size, chunk, algorithm):
+    """Recursive halving and doubling (with the fold at rank counts that are not powers of two)
+    and the binomial tree, at every length that leaves a rank's segment empty or uneven."""
+    for length in sorted({0, 1, size - 1, size, size + 1, 97}):
+        def work(t, length=length):
+            buf = data(t.rank, length)
+            if algorithm == "tree":
+                scratch = np.empty(max(1, length * tree.children_of(t.rank, size)), np.int64)
+                tree.allreduce(t, buf, np.add, scratch, chunk)
+            else:
+                halving.allreduce(t, buf, np.add, np.empty(max(1, length), np.int64), chunk)
+            return buf
+
+        expected = np.sum([data(r, length) for r in range(size)], axis=0, dtype=np.int64)
+        for got in run_ranks(size, work):
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_the_fold_pairs_the_first_ranks_and_numbers_the_rest():
+    folds = [halving.Fold(rank, 6) for rank in range(6)]  # 6 = 4 + 2: ranks 0-3 fold in pairs
+    assert [f.sits_out for f in folds] == [True, False, True, False, False, False]
+    assert [f.number for f in folds if not f.sits_out] == [0, 1, 2, 3]
+    assert [folds[0].real(n) for n in range(4)] == [1, 3, 4, 5]
+    assert halving.Fold(3, 4).partner is None and halving.Fold(0, 1).width == 1
 
 
 def _finish_test(size, allreduce, place=None):
@@ -70,6 +99,13 @@ def test_ring_allreduce_finishes_each_segment_once_before_passing_it_on(size):
     _finish_test(size, lambda t, buf, finish: ring.allreduce(t, buf, np.add, np.empty(98, np.int64), 5, finish))
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_logarithmic_allreduces_finish_each_element_once(size):
+    _finish_test(size, lambda t, buf, finish: halving.allreduce(t, buf, np.add, np.empty(97, np.int64), 5, finish))
+    _finish_test(size, lambda t, buf, finish: tree.allreduce(
+        t, buf, np.add, np.empty(97 * max(1, tree.children_of(t.rank, size)), np.int64), 5, finish))
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_shared_memory_allreduce_finishes_each_slice_once_before_passing_it_on(size):
     host = shared_host(size, 24)
@@ -93,14 +129,15 @@ def test_ring_reduce_scatter_with_uneven_and_empty_segments(size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_ring_allgather_ragged(size):
-    counts = [r % 3 for r in range(size)]
+@pytest.mark.parametrize("allgather", [ring.allgather, halving.allgather], ids=["ring", "halving_doubling"])
+def test_allgather_ragged(size, allgather):
+    counts = [r % 3 for r in range(size)]  # empty segments among them
     offsets = layout.offsets_of(counts)
 
     def work(t):
         buf = np.zeros(offsets[-1], np.int64)
         buf[offsets[t.rank]:offsets[t.rank + 1]] = data(t.rank, counts[t.rank])
-        ring.allgather(t, buf, offsets)
+        allgather(t, buf, offsets)
         return buf
 
     expected = np.concatenate([data(r, counts[r]) for r in range(size)])
@@ -287,27 +324,35 @@ def _topology(size, hosts, local_size, homogeneous=True):
 
 
 @pytest.mark.parametrize("env, topology, expected", [
-    ({}, _topology(4, 1, 4), ("shm", "shm", SMALL_BYTES)),
-    ({}, _topology(1, 1, 1), ("ring", "ring", 0)),
-    ({}, _topology(8, 2, 4), ("hierarchical", "ring", SMALL_BYTES)),
-    ({}, _topology(4, 4, 1), ("ring", "ring", SMALL_BYTES)),  # one rank per host: nothing to share
-    ({}, _topology(3, 2, 2, homogeneous=False), ("ring", "ring", SMALL_BYTES)),
-    ({"RINGREDUCE_HIERARCHICAL": "0"}, _topology(8, 2, 4), ("ring", "ring", SMALL_BYTES)),
-    ({"RINGREDUCE_HIERARCHICAL": "1"}, _topology(4, 4, 1), ("hierarchical", "ring", SMALL_BYTES)),
-    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(4, 1, 4), ("shm", "shm", 0)),
-    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(8, 2, 4), ("hierarchical", "ring", 0)),
-    ({"RINGREDUCE_ALGORITHM": "ring"}, _topology(8, 2, 4), ("ring", "ring", 0)),
-    ({"RINGREDUCE_ALGORITHM": "mpi"}, _topology(4, 1, 4), ("mpi", "mpi", 0)),
+    ({}, _topology(1, 1, 1), ("ring", "ring", "ring")),
+    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(4, 1, 4), ("shm", "shm", "ring")),
+    ({"RINGREDUCE_ALGORITHM": "shm"}, _topology(8, 2, 4), ("hierarchical", "ring", "ring")),
+    ({"RINGREDUCE_ALGORITHM": "shm", "RINGREDUCE_HIERARCHICAL": "0"}, _topology(8, 2, 4), ("ring", "ring", "ring")),
+    ({"RINGREDUCE_ALGORITHM": "ring"}, _topology(8, 2, 4), ("ring", "ring", "ring")),
+    ({"RINGREDUCE_ALGORITHM": "mpi"}, _topology(4, 1, 4), ("mpi", "mpi", "mpi")),
+    ({"RINGREDUCE_ALGORITHM": "halving_doubling"}, _topology(5, 1, 5), ("halving_doubling",) * 3),
+    ({"RINGREDUCE_ALGORITHM": "tree"}, _topology(6, 2, 3), ("tree",) * 3),
 ])
-def test_plan_by_topology_and_knobs(env, topology, expected):
+def test_a_forced_family_runs_at_every_size(env, topology, expected):
     chosen = plan(Config.from_env(env), topology)
-    assert (chosen["allreduce"], chosen["reducescatter"], chosen["small_bytes"]) == expected
-    assert chosen["alltoall"] == ("mpi" if env.get("RINGREDUCE_ALGORITHM") == "mpi" else "ring")
+    assert (chosen["allreduce"], chosen["reducescatter"], chosen["alltoall"]) == tuple([(0, e)] for e in expected)
 
 
-def test_auto_allgathers_over_the_ring_on_one_host():
-    assert plan(Config.from_env({}), _topology(4, 1, 4))["allgather"] == "ring"
-    assert plan(Config.from_env({"RINGREDUCE_ALGORITHM": "shm"}), _topology(4, 1, 4))["allgather"] == "shm"
+def test_auto_follows_the_cost_model_of_the_default_profile():
+    """On one host: MPI's own for the smallest, shared memory for large reductions; across hosts of
+    several ranks each: the hierarchical allreduce for large ones, unless switched off."""
+    one_host = plan(Config.from_env({}), _topology(4, 1, 4))
+    assert one_host["allreduce"][0] == (0, "mpi") and one_host["allreduce"][-1][1] == "shm"
+    assert one_host["alltoall"] == [(0, "ring")]
+    hosts = plan(Config.from_env({}), _topology(8, 2, 4))
+    assert hosts["allreduce"][-1][1] == "hierarchical"
+    assert "hierarchical" not in {f for _, f in plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "0"}),
+                                                     _topology(8, 2, 4))["allreduce"]}
+    forced = plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "1"}), _topology(8, 2, 4))["allreduce"]
+    assert {f for _, f in forced} <= {"hierarchical", "mpi"} and forced[-1][1] == "hierarchical"
+    for table in (one_host, hosts):
+        for rows in table.values():
+            assert rows[0][0] == 0 and [start for start, _ in rows] == sorted({start for start, _ in rows})
 
 
 def test_forced_hierarchical_needs_equal_hosts():
@@ -322,7 +367,8 @@ def _contract(protocol):
 
 
 @pytest.mark.parametrize("family, protocol", [
-    (RingFamily, HostFamily), (SharedMemory, HostFamily), (MPIAlgorithms, HostFamily),
+    (RingFamily, HostFamily), (HalvingDoublingFamily, HostFamily), (TreeFamily, HostFamily),
+    (SharedMemory, HostFamily), (MPIAlgorithms, HostFamily),
     (Nccl, DeviceFamily), (CudaAwareMpi, DeviceFamily), (Staged, DeviceFamily),
 ])
 def test_every_family_offers_its_contract_with_its_parameters(family, protocol):

@@ -11,44 +11,62 @@ from launch import cluster_missing, python_of, require_cluster, run_job
 
 pytestmark = pytest.mark.mpi
 
-# (name, ranks, environment, MPI): the default choice at every size, then each algorithm
-# family forced, in small pieces, across simulated hosts, and under Open MPI.
+# (name, ranks, environment, MPI, algorithms): the default choice at every size, then each
+# algorithm family forced, in small pieces, across simulated hosts, and under Open MPI.
 SMALL_PIECES = {"RINGREDUCE_SHM_PIECE_BYTES": "12345", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}
+# The families whose latency grows with log2 of the ranks, at every rank count from 1 to 8: one job
+# per rank count runs every case under each (ringreduce started again for each), every call through
+# the engine (the 10M-element case takes their pipelined paths; tests/test_algorithms.py has every
+# piece size on threads).
+LOG_FAMILIES = ("halving_doubling", "tree")
+LOG_ENV = {"RINGREDUCE_PROGRAM_ORDER": "0"}
 CONFIGS = [
-    ("auto-1", 1, {}, "mpich"),
-    ("auto-2", 2, {}, "mpich"),
-    ("auto-3", 3, {}, "mpich"),
-    ("auto-4", 4, {}, "mpich"),
-    ("ring-3", 3, {"RINGREDUCE_ALGORITHM": "ring"}, "mpich"),
-    ("ring-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "ring", **SMALL_PIECES}, "mpich"),
-    ("shm-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "shm", **SMALL_PIECES}, "mpich"),
-    ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}, "mpich"),
+    ("auto-1", 1, {}, "mpich", ()),
+    ("auto-2", 2, {}, "mpich", ()),
+    ("auto-3", 3, {}, "mpich", ()),
+    ("auto-4", 4, {}, "mpich", ()),
+    ("ring-3", 3, {"RINGREDUCE_ALGORITHM": "ring"}, "mpich", ()),
+    ("ring-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "ring", **SMALL_PIECES}, "mpich", ()),
+    ("shm-pieces-3", 3, {"RINGREDUCE_ALGORITHM": "shm", **SMALL_PIECES}, "mpich", ()),
+    ("mpi-3", 3, {"RINGREDUCE_ALGORITHM": "mpi"}, "mpich", ()),
     # Two hosts of two ranks: the hierarchical allreduce (in small pieces: at every size).
     ("hierarchical-4", 4, {"RINGREDUCE_SIMULATED_HOSTS": "2", "RINGREDUCE_ALGORITHM": "shm", **SMALL_PIECES},
-     "mpich"),
+     "mpich", ()),
     # Hosts of 2 and 1 ranks: no hierarchical allreduce, the flat ring across hosts.
-    ("uneven-hosts-3", 3, {"RINGREDUCE_SIMULATED_HOSTS": "2"}, "mpich"),
-    ("openmpi-3", 3, {}, "openmpi"),
-    ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi"),
+    ("uneven-hosts-3", 3, {"RINGREDUCE_SIMULATED_HOSTS": "2"}, "mpich", ()),
+    *[(f"log-{n}", n, LOG_ENV, "mpich", LOG_FAMILIES) for n in range(1, 9)],
+    ("openmpi-3", 3, {}, "openmpi", ()),
+    ("openmpi-mpi-2", 2, {"RINGREDUCE_ALGORITHM": "mpi"}, "openmpi", ()),
     # Two real hosts (network namespaces with their own sshd, tests/cluster/up.sh), over the veth.
-    ("two-hosts-4", 4, {}, "cluster"),
-    ("two-hosts-openmpi-4", 4, {}, "cluster-openmpi"),
+    ("two-hosts-4", 4, {}, "cluster", ()),
+    ("two-hosts-openmpi-4", 4, {}, "cluster-openmpi", ()),
 ]
 CLUSTER_ARGS = ("-H", "hosta:2,hostb:2", "--network-interface", "rrnet0")
+# One fixture instance per configuration and algorithm; a job's algorithms share its run.
+RUNS = [(config, algorithm) for config in CONFIGS for algorithm in (config[4] or (None,))]
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=[c[0] for c in CONFIGS])
-def job(request, tmp_path_factory):
-    """One run of the worker; the tests below read its results."""
-    name, size, env, mpi = request.param
-    on_cluster = mpi.startswith("cluster")
-    if on_cluster and cluster_missing():
-        require_cluster(cluster_missing())
-    python = python_of({"cluster": "mpich", "cluster-openmpi": "openmpi"}.get(mpi, mpi))
-    out = tmp_path_factory.mktemp(name)
-    result = run_job(size, "collectives.py", out, env=env, python=python, timeout=100,
-                     rrun_args=CLUSTER_ARGS if on_cluster else (), on_cluster=on_cluster)
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.fixture(scope="module")
+def finished_jobs():
+    return {}
+
+
+@pytest.fixture(scope="module", params=RUNS, ids=[c[0] + (f"-{a}" if a else "") for c, a in RUNS])
+def job(request, tmp_path_factory, finished_jobs):
+    """One run of the worker (or its results under one of the algorithms it ran); the tests below
+    read them."""
+    (name, size, env, mpi, algorithms), algorithm = request.param
+    if name not in finished_jobs:
+        on_cluster = mpi.startswith("cluster")
+        if on_cluster and cluster_missing():
+            require_cluster(cluster_missing())
+        python = python_of({"cluster": "mpich", "cluster-openmpi": "openmpi"}.get(mpi, mpi))
+        out = tmp_path_factory.mktemp(name)
+        result = run_job(size, "collectives.py", out, *algorithms, env=env, python=python, timeout=100,
+                         rrun_args=CLUSTER_ARGS if on_cluster else (), on_cluster=on_cluster)
+        assert result.returncode == 0, result.stderr[-3000:]
+        finished_jobs[name] = out
+    out = finished_jobs[name] / algorithm if algorithm else finished_jobs[name]
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
     objects = [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)]
     return size, ranks, objects
@@ -66,7 +84,7 @@ def test_allreduce_every_dtype_op_and_length(job):
     size, ranks, _ = job
     checked = 0
     for key, dtype, op, length in cases.allreduce_cases(size):
-        inputs = [cases.values(r, dtype, length) for r in range(size)]
+        inputs = [cases.case_input(r, dtype, op, length) for r in range(size)]
         assert_same_everywhere(ranks, key, cases.reference_reduce(inputs, op))
         checked += 1
     assert checked == sum(1 for _ in cases.allreduce_cases(size))
@@ -187,7 +205,7 @@ def test_expected_topology_of_simulated_hosts():
 
 def test_objects_and_topology(job, request):
     size, _, objects = job
-    config = request.node.callspec.params["job"]
+    config = request.node.callspec.params["job"][0]
     hosts = 2 if config[3].startswith("cluster") else int(config[2].get("RINGREDUCE_SIMULATED_HOSTS", 1))
     for rank, got in enumerate(objects):
         assert got["broadcast_object"] == [{"from": r, "items": list(range(r + 3))} for r in range(size)]

@@ -30,7 +30,8 @@ def test_values_are_read():
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"RINGREDUCE_ALGORITHM": "tree"}, "RINGREDUCE_ALGORITHM='tree' is not one of auto, ring, shm, mpi"),
+    ({"RINGREDUCE_ALGORITHM": "butterfly"},
+     "RINGREDUCE_ALGORITHM='butterfly' is not one of auto, ring, shm, mpi, halving_doubling, tree"),
     ({"RINGREDUCE_GPU_TRANSPORT": "gloo"}, "RINGREDUCE_GPU_TRANSPORT='gloo' is not one of auto, nccl, mpi, staged"),
     ({"RINGREDUCE_HIERARCHICAL": "maybe"}, "RINGREDUCE_HIERARCHICAL='maybe' must be 1 or 0"),
     ({"RINGREDUCE_HIERARCHICAL": "1", "RINGREDUCE_ALGORITHM": "ring"},

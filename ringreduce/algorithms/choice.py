@@ -1,38 +1,41 @@
 """The choice among the algorithm families: which one runs each collective at each size, from
-RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL and the topology, and the families built on this
-job's communicators.
+RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL, the topology and the cost model, and the families
+built on this job's communicators.
 """
 
+import bisect
+
+from ringreduce.algorithms import cost
 from ringreduce.algorithms.device import CudaAwareMpi, CupyApi, Nccl, Staged
+from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.ring import RingFamily
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.errors import RingReduceError
 from ringreduce.machine import gpu
 from ringreduce.machine.shared_memory import Segment
 from ringreduce.machine.transport import MPITransport
 
-# Below this size "auto" uses the MPI library's own collectives: what costs there is latency,
-# and MPI's C code has less of it than a Python loop over pieces (where they cross is measured
-# in docs/performance.md).
-SMALL_BYTES = 64 << 10
-
+# MPI's own allreduces below this size run as persistent ones (mpi_native.py): there the call
+# itself is what costs.
+PERSISTENT_BELOW = 64 << 10
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast", "alltoall")
 
 
 class AlgorithmSelector:
-    """The host families' calls (contract.HostFamily), each handed to the family for that
-    collective and size: MPI's own below `small_bytes`, else the family `plan` named for it."""
+    """The host families' calls (contract.HostFamily), each handed to the family that `tables`
+    names for that collective and size."""
 
-    def __init__(self, families, small, small_bytes=0, segment=None, any_dtype=None):
-        """`any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
+    def __init__(self, tables, families, segment=None, any_dtype=None):
+        """`tables`: collective -> [(from_bytes, family name), ...] in increasing sizes, the first
+        from 0. `any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
         picked cannot."""
-        self.families, self.small, self.small_bytes = families, small, small_bytes
-        self.segment, self.any_dtype = segment, any_dtype
+        self._starts = {c: [start for start, _ in rows] for c, rows in tables.items()}
+        self._chosen = {c: [families[name] for _, name in rows] for c, rows in tables.items()}
+        self.families, self.segment, self.any_dtype = families, segment, any_dtype
 
     def _pick(self, collective, nbytes):
-        return self.small if nbytes < self.small_bytes else self.families[collective]
+        return self._chosen[collective][bisect.bisect_right(self._starts[collective], nbytes) - 1]
 
     def _reducer(self, collective, buf):
         family = self._pick(collective, buf.nbytes)
@@ -55,56 +58,56 @@ class AlgorithmSelector:
         self._pick("broadcast", buf.nbytes).broadcast(buf, root, source)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
-        self.families["alltoall"].alltoallv(send, send_offsets, recv, recv_offsets)
+        self._pick("alltoall", send.nbytes).alltoallv(send, send_offsets, recv, recv_offsets)
 
     def close(self):
-        self.small.close()
+        self.families["mpi"].close()
         if self.segment is not None:
             self.segment.close()
 
 
-def plan(config, topology):
-    """Which family runs each collective ("ring", "shm", "hierarchical" or "mpi"), and below what
-    size MPI's own runs instead ("small_bytes"), from RINGREDUCE_ALGORITHM, RINGREDUCE_HIERARCHICAL
-    and the topology.
+def plan(config, topology, profile=cost.DEFAULT):
+    """Which family runs each collective from which size: collective -> [(from_bytes, family), ...].
 
-    auto, on one host: shared memory for the reductions and broadcast; the ring for allgather,
-    whose transfers MPI makes single kernel copies between processes (a shared segment needs
-    two copies, and there is nothing to reduce on the way).
-    Across hosts: the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or the hosts run
-    different numbers of ranks, or one each), the ring for the rest. Below SMALL_BYTES, MPI's own.
-    shm: shared memory wherever it can run, at every size. ring and mpi: that family for all.
+    auto: the cheapest the cost model predicts from `profile` for this topology (alltoall: pairwise
+    exchange over the ring family's transport). Forced (RINGREDUCE_ALGORITHM): that family for
+    every collective, except shm, which on one host leaves alltoall to the ring and across hosts
+    is the hierarchical allreduce (unless RINGREDUCE_HIERARCHICAL=0, or the hosts run different
+    numbers of ranks, or one each) with the ring for the rest.
     """
-    if config.algorithm in ("mpi", "ring") or topology.size == 1:
-        family = "ring" if topology.size == 1 else config.algorithm
-        return {**dict.fromkeys(COLLECTIVES, family), "small_bytes": 0}
-    small_bytes = SMALL_BYTES if config.algorithm == "auto" else 0
-    if topology.hosts == 1:
-        allgather = "ring" if config.algorithm == "auto" else "shm"
-        return {"allreduce": "shm", "reducescatter": "shm", "allgather": allgather, "broadcast": "shm",
-                "alltoall": "ring", "small_bytes": small_bytes}
+    if topology.size == 1:
+        return dict.fromkeys(COLLECTIVES, [(0, "ring")])
     if config.hierarchical and not topology.homogeneous:
         raise RingReduceError("RINGREDUCE_HIERARCHICAL=1 needs the same number of ranks on every host; "
                               f"this job's hosts run different numbers (this one {topology.local_size})")
+    if config.algorithm == "auto":
+        model = cost.Model(profile, cost.Shape(topology.size, topology.hosts, topology.homogeneous))
+        return {**{c: model.table(c, config.hierarchical) for c in cost.COLLECTIVES}, "alltoall": [(0, "ring")]}
+    if config.algorithm != "shm":
+        return dict.fromkeys(COLLECTIVES, [(0, config.algorithm)])
+    if topology.hosts == 1:
+        return {**dict.fromkeys(COLLECTIVES, [(0, "shm")]), "alltoall": [(0, "ring")]}
     hierarchical = config.hierarchical or (
         config.hierarchical is None and topology.homogeneous and topology.local_size > 1)
-    return {**dict.fromkeys(COLLECTIVES, "ring"), "allreduce": "hierarchical" if hierarchical else "ring",
-            "small_bytes": small_bytes}
+    return {**dict.fromkeys(COLLECTIVES, [(0, "ring")]), "allreduce": [(0, "hierarchical" if hierarchical else "ring")]}
 
 
-def select(config, topology, comm, host_comm, cross_comm):
+def select(config, topology, comm, host_comm, cross_comm, profile=cost.DEFAULT):
     """The algorithms that plan() names, built on this job's communicators."""
-    chosen = plan(config, topology)
-    families = {"mpi": MPIAlgorithms(MPITransport(comm), persistent_below=SMALL_BYTES),
-                "ring": RingFamily(MPITransport(comm), config.pipeline_chunk_bytes)}
+    tables = plan(config, topology, profile)
+    named = {name for rows in tables.values() for _, name in rows}
+    transport = MPITransport(comm)
+    families = {"mpi": MPIAlgorithms(transport, persistent_below=PERSISTENT_BELOW),
+                "ring": RingFamily(transport, config.pipeline_chunk_bytes),
+                "halving_doubling": HalvingDoublingFamily(transport, config.pipeline_chunk_bytes),
+                "tree": TreeFamily(transport, config.pipeline_chunk_bytes)}
     segment = None
-    if {"shm", "hierarchical"} & set(chosen.values()):
+    if {"shm", "hierarchical"} & named:
         segment = Segment(host_comm, topology.local_size * config.shared_memory_piece_bytes)
         families["shm"] = SharedMemory(segment)
         cross = RingFamily(MPITransport(cross_comm), config.pipeline_chunk_bytes)
         families["hierarchical"] = SharedMemory(segment, cross.allreduce)
-    return AlgorithmSelector({c: families[chosen[c]] for c in COLLECTIVES}, families["mpi"], chosen["small_bytes"],
-                             segment, families["ring"])
+    return AlgorithmSelector(tables, families, segment, families["ring"])
 
 
 def device_family(transport, host, comm, config):

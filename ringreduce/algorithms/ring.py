@@ -5,12 +5,7 @@ time is 2 (n-1)/n of the data over one link, whatever the number of ranks. Segme
 may differ in length (ragged allgather, uneven splits) and may be empty.
 """
 
-import numpy as np
-
-from ringreduce import ops
-from ringreduce.algorithms import pairwise, tree
 from ringreduce.machine.layout import even_counts, offsets_of, pieces
-from ringreduce.machine.memory import Workspace
 
 
 def reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems):
@@ -22,17 +17,20 @@ def reduce_scatter(transport, buf, offsets, combine, scratch, chunk_elems):
     n, rank = transport.size, transport.rank
     right, left = (rank + 1) % n, (rank - 1) % n
     for step in range(n - 1):
-        outgoing = _segment(buf, offsets, (rank - step - 1) % n)
-        mine = _segment(buf, offsets, (rank - step - 2) % n)
-        incoming = scratch[:len(mine)]
-        receives = [transport.irecv(p, left) for p in pieces(incoming, chunk_elems)]
-        sends = [transport.isend(p, right) for p in pieces(outgoing, chunk_elems)]
-        for request, target, piece in zip(
-            receives, pieces(mine, chunk_elems), pieces(incoming, chunk_elems), strict=True
-        ):
-            transport.wait([request])
-            combine(target, piece, out=target)
-        transport.wait(sends)
+        exchange_and_combine(transport, _segment(buf, offsets, (rank - step - 1) % n), right,
+                             _segment(buf, offsets, (rank - step - 2) % n), left, combine, scratch, chunk_elems)
+
+
+def exchange_and_combine(transport, outgoing, dest, mine, source, combine, scratch, chunk_elems):
+    """Send `outgoing` (if any) to `dest` while `source`'s copy of the elements of `mine` arrives
+    (into `scratch`) and is combined into `mine`, each piece while the next is still on the wire."""
+    incoming = scratch[:len(mine)]
+    receives = [transport.irecv(p, source) for p in pieces(incoming, chunk_elems)]
+    sends = [] if outgoing is None else [transport.isend(p, dest) for p in pieces(outgoing, chunk_elems)]
+    for request, target, piece in zip(receives, pieces(mine, chunk_elems), pieces(incoming, chunk_elems), strict=True):
+        transport.wait([request])
+        combine(target, piece, out=target)
+    transport.wait(sends)
 
 
 def allgather(transport, buf, offsets):
@@ -57,44 +55,3 @@ def allreduce(transport, buf, combine, scratch, chunk_elems, scale_result=None):
 
 def _segment(buf, offsets, index):
     return buf[offsets[index]:offsets[index + 1]]
-
-
-class RingFamily:
-    """The ring's family: reduce-scatter and allgather on the ring, broadcast down a binomial
-    tree, alltoall by pairwise exchange, over a point-to-point transport."""
-
-    reads_concatenation = False
-    reduces_any_dtype = True
-
-    def __init__(self, transport, chunk_bytes):
-        self.transport = transport
-        self.workspace = Workspace()
-        self.chunk_bytes = chunk_bytes
-
-    def _chunk(self, buf):
-        return max(1, self.chunk_bytes // buf.dtype.itemsize)
-
-    def allreduce(self, buf, op, source=None, scale_result=None):
-        if source is not None:
-            buf[:] = source
-        scratch = self.workspace.get(len(buf) // self.transport.size + 1, buf.dtype)
-        allreduce(self.transport, buf, ops.ufunc(op), scratch, self._chunk(buf), scale_result)
-
-    def reducescatter(self, buf, offsets, op, source=None):
-        if source is not None:
-            buf[:] = source
-        scratch = self.workspace.get(int(np.max(np.diff(offsets))), buf.dtype)
-        reduce_scatter(self.transport, buf, offsets, ops.ufunc(op), scratch, self._chunk(buf))
-        rank = self.transport.rank
-        return buf[offsets[rank]:offsets[rank + 1]]
-
-    def allgather(self, buf, offsets):
-        allgather(self.transport, buf, offsets)
-
-    def broadcast(self, buf, root, source=None):
-        if source is not None:
-            buf[:] = source
-        tree.broadcast(self.transport, buf, root, self._chunk(buf))
-
-    def alltoallv(self, send, send_offsets, recv, recv_offsets):
-        pairwise.alltoallv(self.transport, send, send_offsets, recv, recv_offsets)

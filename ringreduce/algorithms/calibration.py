@@ -1,0 +1,233 @@
+"""The short probe that fits the cost model (cost.py) to the machines a job runs on: a few
+seconds of ping-pongs, reductions, copies, barriers and tiny collectives, collective over the job.
+
+    rrun -np 4 -H a:2,b:2 --calibrate        # saves ~/.cache/ringreduce/profile.json
+    RINGREDUCE_CALIBRATE=1 rrun ...          # measures at init instead, for this job only
+
+It measures the parts, never the collectives it predicts: each link's latency and cost per byte
+(in cache and from memory) by ping-pong between two ranks while the others wait, the cost per
+byte of reducing and of copying on one rank, the shared segment's barrier, and each family's
+fixed cost per call from an allreduce of 8 bytes. Only the MPI library's own allreduce, whose
+internals are its own, is also timed at two sizes to learn its cost per byte.
+"""
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ringreduce.algorithms import cost
+from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
+from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.machine import topology
+from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.transport import MPITransport, wait_all
+from ringreduce.ops import ReduceOp
+
+IN_CACHE = 2 << 20  # beyond a core's L2, inside the shared L3 of the machines we know
+FROM_MEMORY = 64 << 20
+ACROSS = (256 << 10, 4 << 20)  # a slow network link's cost per byte is the same at any size
+
+
+def measure(comm, host_comm=None, place=None, piece_bytes=1 << 20):
+    """A cost.Profile fitted on `comm`'s ranks (collective: every rank calls it, every rank gets
+    the same profile)."""
+    if place is None:
+        place, host_comm, _ = topology.discover(comm)
+    probe = _Probe(comm, place)
+    cache_bytes = probe.agreed(_last_level_cache())
+    cores = probe.agreed(len(os.sched_getaffinity(0)))
+    host = probe.link(*probe.host_pair(), (8, IN_CACHE, FROM_MEMORY), cache_bytes)
+    network = probe.link(*probe.network_pair(), (8, *ACROSS), cache_bytes) if place.hosts > 1 else None
+    combine = probe.per_byte(lambda a, b: np.add(a, b, out=a), cache_bytes)
+    copy = probe.per_byte(lambda a, b: np.copyto(a, b), cache_bytes)
+    segment = Segment(host_comm, place.local_size * piece_bytes) if place.local_size > 1 else None
+    barrier = probe.barrier(segment)
+    mpi_alpha = probe.mpi_latency(*probe.host_pair()) if place.local_size > 1 else host.alpha
+    draft = cost.Profile(host=host, network=network, mpi=cost.Link(mpi_alpha, host.beta), combine=combine,
+                         copy=copy, barrier=barrier, calls={}, cache_bytes=cache_bytes, cores=cores,
+                         shm_piece_bytes=piece_bytes, source="measured")
+    families = _families(comm, segment, place)
+    draft = dataclasses.replace(draft, mpi=cost.Link(mpi_alpha, probe.mpi_per_byte(families["mpi"], draft, place)))
+    model = cost.Model(draft, cost.Shape(place.size, place.hosts, place.homogeneous))
+    calls = {name: max(0.0, probe.call(family) - getattr(model, "_allreduce_" + name)(8))
+             for name, family in families.items()}
+    if segment is not None:
+        segment.close()
+    return dataclasses.replace(draft, calls=calls)
+
+
+def _families(comm, segment, place):
+    transport = MPITransport(comm)
+    families = {"ring": RingFamily(transport, 4 << 20), "halving_doubling": HalvingDoublingFamily(transport, 4 << 20),
+                "tree": TreeFamily(transport, 4 << 20), "mpi": MPIAlgorithms(transport)}
+    if segment is not None and place.hosts == 1:
+        families["shm"] = SharedMemory(segment)
+    return families
+
+
+def _last_level_cache():
+    """Bytes of this host's largest cache (sysfs), or 32 MiB where it does not say."""
+    sizes = []
+    for entry in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip()
+        sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+    return max(sizes, default=32 << 20)
+
+
+class _Probe:
+    def __init__(self, comm, place):
+        self.comm, self.place = comm, place
+        self.transport = MPITransport(comm)
+        self.ranks_of_host = comm.allgather(place.cross_rank if place.local_rank == 0 else None)
+
+    def agreed(self, value):
+        """Rank 0's value, on every rank (hosts may differ; the model takes one)."""
+        return self.comm.bcast(value, root=0)
+
+    def together(self):
+        """Wait for every rank without spinning a core (the idle ranks of a measurement)."""
+        wait_all([self.comm.Ibarrier()])
+
+    def host_pair(self):
+        return (0, 1) if self.place.local_size > 1 else (None, None)
+
+    def network_pair(self):
+        """Rank 0 and the first rank of another host."""
+        first = self.comm.allgather(self.place.local_rank == 0 and self.place.cross_rank == 1)
+        return 0, first.index(True)
+
+    def _ping_pong(self, a, b, nbytes, reps, send, recv):
+        """Median one-way seconds of a message of `nbytes` between ranks a and b."""
+        times = []
+        if self.comm.rank in (a, b):
+            other = b if self.comm.rank == a else a
+            buf = np.ones(max(nbytes, 1), np.uint8)[:nbytes]
+            for _ in range(reps + 1):
+                start = time.perf_counter()
+                if self.comm.rank == a:
+                    send(buf, other)
+                    recv(buf, other)
+                else:
+                    recv(buf, other)
+                    send(buf, other)
+                times.append((time.perf_counter() - start) / 2)
+        self.together()
+        return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+
+    def link(self, a, b, sizes, cache_bytes):
+        """A cost.Link from ping-pongs of ringreduce's own messages at three sizes: the latency at
+        the first, the cost per byte in cache and from memory at the others."""
+        if a is None:
+            return cost.DEFAULT.host
+        t = self.transport
+
+        def one_way(nbytes, reps):
+            return self._ping_pong(a, b, nbytes, reps, lambda buf, peer: t.wait([t.isend(buf, peer)]),
+                                   lambda buf, peer: t.wait([t.irecv(buf, peer)]))
+
+        alpha = one_way(sizes[0], 200)
+        times = [one_way(n, max(3, min(50, (64 << 20) // n))) for n in sizes[1:]]
+        return cost.Link(alpha, _fit(sizes[1:], [time - alpha for time in times], lambda n: 2 * n, cache_bytes))
+
+    def mpi_latency(self, a, b):
+        c = self.comm
+        return self._ping_pong(a, b, 8, 200, lambda buf, peer: c.Send(buf, peer), lambda buf, peer: c.Recv(buf, peer))
+
+    def per_byte(self, work, cache_bytes):
+        """cost.PerByte of `work(a, b)` on two arrays, timed on rank 0 alone."""
+        times = []
+        if self.comm.rank == 0:
+            for nbytes in (IN_CACHE, FROM_MEMORY):
+                a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+                samples = []
+                for _ in range(max(3, min(50, (64 << 20) // nbytes)) + 1):
+                    start = time.perf_counter()
+                    work(a, b)
+                    samples.append(time.perf_counter() - start)
+                times.append(statistics.median(samples[1:]))
+        self.together()
+        times = self.agreed(times)
+        return _fit((IN_CACHE, FROM_MEMORY), times, lambda n: 2 * n, cache_bytes)
+
+    def barrier(self, segment):
+        if segment is None:
+            return cost.DEFAULT.barrier
+        self.together()
+        for _ in range(10):
+            segment.barrier()
+        start = time.perf_counter()
+        for _ in range(200):
+            segment.barrier()
+        return self.agreed((time.perf_counter() - start) / 200)
+
+    def _allreduce_seconds(self, family, nbytes, reps):
+        buf = np.ones(max(1, nbytes // 4), np.float32)
+        samples = []
+        for _ in range(reps + 1):
+            self.comm.Barrier()  # MPI's own: it spins, so every rank leaves it within microseconds
+            start = time.perf_counter()
+            family.allreduce(buf, ReduceOp.SUM)
+            samples.append(time.perf_counter() - start)
+        return self.agreed(max(self.comm.allgather(statistics.median(samples[1:]))))
+
+    def call(self, family):
+        return self._allreduce_seconds(family, 8, 100)
+
+    def mpi_per_byte(self, family, draft, place):
+        """The MPI library's cost per byte on one host: its allreduce timed in cache and from
+        memory, less what the model already accounts for (its messages, the reductions)."""
+        shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+        measured = [self._allreduce_seconds(family, n, max(3, min(30, (64 << 20) // n))) for n in (IN_CACHE,
+                                                                                                    FROM_MEMORY)]
+
+        def predicted(per_byte, n):
+            profile = dataclasses.replace(draft, mpi=cost.Link(draft.mpi.alpha, per_byte))
+            return cost.Model(profile, shape)._allreduce_mpi(n)
+
+        # The model is linear in each per-byte value: solve for the one that matches each size.
+        cache = _solve(lambda x: predicted(cost.PerByte(x, x), IN_CACHE), measured[0])
+        memory = _solve(lambda x: predicted(cost.PerByte(cache, x), FROM_MEMORY), measured[1])
+        return cost.PerByte(cache, max(memory, cache))
+
+
+def _solve(f, target):
+    """x with f(x) == target, for f linear in x (x >= 0)."""
+    base = f(0.0)
+    return max(0.0, (target - base) / (f(1e-9) - base) * 1e-9)
+
+
+def _fit(sizes, seconds, working_set, cache_bytes):
+    """cost.PerByte from seconds at a size in cache and one beyond it (see PerByte.at)."""
+    small, large = sizes
+    cache = max(seconds[0], 0.0) / small
+    beyond = max(0.0, 1.0 - cache_bytes / working_set(large))
+    per_byte = max(seconds[1], 0.0) / large
+    memory = cache + (per_byte - cache) / beyond if beyond > 0 else per_byte
+    return cost.PerByte(cache, max(memory, cache))
+
+
+def main(argv=None):
+    """`python -m ringreduce.algorithms.calibration [--save PATH]`, under rrun (what `rrun
+    --calibrate` runs): measure, save on rank 0, print the profile and the choice it makes."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save", default=None, help="where to save the profile (default: %(default)s)")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    place, host_comm, _ = topology.discover(comm)
+    profile = measure(comm, host_comm, place)
+    if comm.rank == 0:
+        path = cost.save(profile, args.save)
+        print(f"ringreduce: saved the profile measured on {place.size} ranks, {place.hosts} host(s) to {path}")
+        print(cost.explain(dataclasses.replace(profile, source=str(path)),
+                           cost.Shape(place.size, place.hosts, place.homogeneous)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""What each collective costs under each algorithm family, and the choice that follows from it.
+
+The alpha-beta-gamma model: a message costs alpha (the MPI library's latency plus the Python
+that posts and waits for it) plus beta per byte over its link (between processes of one host, or
+across hosts); a reduction costs gamma per byte combined; each family has a fixed cost per call
+(its Python around the messages). Two facts of real machines are in it too, because without them
+no one set of parameters predicts both 64 KiB and 256 MiB: per-byte costs are several times lower
+while the working set fits the last-level cache than when it streams from memory, and ranks beyond
+a host's cores share them, so the host-side work of each slows by local ranks / cores. A link
+across hosts is shared by the ranks of a host that cross it at the same time.
+
+The numbers come from a Profile: measured on the job's machines (calibration.py, `rrun
+--calibrate`), or the one measured on the 2-core machine the project is tested on (DEFAULT).
+"""
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
+# The sizes the choice is made at: every power of two up to 16 GiB.
+TABLE_SIZES = [1 << i for i in range(35)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PerByte:
+    """Seconds per byte while the working set fits the last-level cache, and once it streams from memory."""
+
+    cache: float
+    memory: float
+
+    def at(self, working_set, cache_bytes):
+        """The cost per byte for a working set of this many bytes: the share of it beyond the
+        cache costs as memory."""
+        beyond = max(0.0, 1.0 - cache_bytes / working_set) if working_set > 0 else 0.0
+        return self.cache + (self.memory - self.cache) * beyond
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    alpha: float  # seconds per message
+    beta: PerByte  # seconds per byte
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    host: Link  # ringreduce's point-to-point messages between processes of one host
+    network: Link | None  # the same across hosts (None: not measured, one host)
+    mpi: Link  # the MPI library's own collectives: its messages, and its cost per byte on one host
+    combine: PerByte  # gamma: reducing one array into another
+    copy: PerByte  # copying, for the shared-memory family
+    barrier: float  # one barrier of the shared segment
+    calls: dict  # family -> fixed seconds per call
+    cache_bytes: int  # the last-level cache of a host
+    cores: int  # per host
+    shm_piece_bytes: int = 1 << 20  # the shared-memory family's piece per rank (RINGREDUCE_SHM_PIECE_BYTES)
+    source: str = "built in"
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text, source=None):
+        fields = json.loads(text)
+        links = {k: Link(v["alpha"], PerByte(**v["beta"])) if v else None for k, v in fields.items()
+                 if k in ("host", "network", "mpi")}
+        per_byte = {k: PerByte(**fields[k]) for k in ("combine", "copy")}
+        rest = {k: v for k, v in fields.items() if k not in links and k not in per_byte}
+        profile = cls(**links, **per_byte, **rest)
+        return dataclasses.replace(profile, source=source) if source else profile
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A job as the model sees it: ranks spread evenly over hosts, consecutive ranks on one host."""
+
+    ranks: int
+    hosts: int = 1
+    homogeneous: bool = True
+
+    @property
+    def local(self):
+        return math.ceil(self.ranks / self.hosts)
+
+
+# Measured on the 2-core test machine (AMD EPYC, 32 MiB L3, MPICH 5.0.2) by `rrun -np 2 --calibrate`
+# (2026-12-02; docs/cost_model.md): what a job uses until a profile of its own machines is saved.
+DEFAULT = Profile(
+    host=Link(1.9e-6, PerByte(1.19e-10, 1.19e-10)),
+    network=None,
+    mpi=Link(1.4e-6, PerByte(1.75e-10, 5.2e-10)),
+    combine=PerByte(2.26e-11, 7.2e-11),
+    copy=PerByte(2.2e-11, 8.1e-11),
+    barrier=1.3e-6,
+    calls={"ring": 7.5e-6, "halving_doubling": 7.6e-6, "tree": 4.3e-6, "mpi": 1.8e-6, "shm": 9.4e-6,
+           "hierarchical": 9.4e-6},
+    cache_bytes=32 << 20,
+    cores=2,
+)
+# Across hosts when the profile has no measurement of it (calibrated on one host): 10 Gbit/s
+# Ethernet through TCP, about 25 us a message. `rrun --calibrate` across the job's hosts replaces it.
+ASSUMED_NETWORK = Link(25e-6, PerByte(8e-10, 8e-10))
+
+
+class Model:
+    """Predicted seconds of each collective under each family, for one Profile and job Shape."""
+
+    def __init__(self, profile, shape):
+        self.p, self.shape = profile, shape
+        self.crowding = max(1.0, shape.local / profile.cores)
+
+    # --- the pieces every family is made of
+
+    def _send(self, nbytes, across, working_set, sharing=1, link=None):
+        """One message of `nbytes`: over the network when `across` (its bandwidth shared by
+        `sharing` ranks of the host sending at once), else between processes of the host."""
+        link = link or self.p.host
+        host_side = nbytes * link.beta.at(working_set, self.p.cache_bytes) * self.crowding
+        if across:  # the bytes still leave through the sender's memory, and arrive in the receiver's
+            net = self.p.network or ASSUMED_NETWORK
+            return net.alpha + nbytes * net.beta.memory * sharing + host_side
+        return link.alpha * self.crowding + host_side
+
+    def _combine(self, nbytes, working_set):
+        return nbytes * self.p.combine.at(working_set, self.p.cache_bytes) * self.crowding
+
+    def _copy(self, nbytes, working_set):
+        return nbytes * self.p.copy.at(working_set, self.p.cache_bytes) * self.crowding
+
+    def _working_set(self, nbytes, factor=2.0):
+        return self.shape.local * nbytes * factor
+
+    # --- allreduce
+
+    def allreduce(self, family, n):
+        return self.p.calls.get(family, 0.0) + getattr(self, "_allreduce_" + family)(n)
+
+    def _allreduce_ring(self, n, shape=None):
+        shape = shape or self.shape
+        p = shape.ranks
+        if p == 1:
+            return 0.0
+        ws, across, m = self._working_set(n), shape.hosts > 1, n / p
+        return 2 * (p - 1) * self._send(m, across, ws) + (p - 1) * self._combine(m, ws)
+
+    def _allreduce_halving_doubling(self, n, link=None):
+        p, k = self.shape.ranks, self.shape.local
+        if p == 1:
+            return 0.0
+        width = 1 << (p.bit_length() - 1)
+        ws = self._working_set(n)
+        total = 0.0
+        if width < p:  # the fold and the unfold: whole arrays between neighbours
+            total += 2 * self._send(n, k == 1, ws, link=link) + self._combine(n, ws)
+        distance, m = width // 2, n / 2
+        while distance >= 1:
+            across = distance >= k and self.shape.hosts > 1
+            sharing = min(k, width) if across else 1
+            total += 2 * self._send(m, across, ws, sharing, link) + self._combine(m, ws)
+            distance, m = distance // 2, m / 2
+        return total
+
+    def _allreduce_tree(self, n):
+        p = self.shape.ranks
+        rounds = math.ceil(math.log2(p)) if p > 1 else 0
+        crossing = math.ceil(math.log2(self.shape.hosts)) if self.shape.hosts > 1 else 0
+        ws = self._working_set(n, 1 + rounds)
+        total = 0.0
+        for index in range(rounds):
+            across = index >= rounds - crossing  # the largest spans of the tree join hosts
+            total += 2 * self._send(n, across, ws) + self._combine(n, ws)
+        return total
+
+    def _allreduce_shm(self, n):
+        """Each piece: slices copied into the segment, one slice reduced by each rank, all copied
+        out. The segment's side of every copy and reduction stays in the cache (its pieces are
+        small); the arrays' side streams from memory once they outgrow it."""
+        k = self.shape.local
+        if k == 1:
+            return 0.0
+        pieces = max(1, math.ceil(n / self.p.shm_piece_bytes))
+        ws = self._working_set(n, 1.0)
+        half_cached = lambda per_byte: (per_byte.cache + per_byte.at(ws, self.p.cache_bytes)) / 2  # noqa: E731
+        moved = (k - 1) / k * n + n  # slices into the segment, results out of it
+        return (pieces * 2 * self.p.barrier + moved * half_cached(self.p.copy)
+                + (k - 1) / k * n * half_cached(self.p.combine)) * self.crowding
+
+    def _allreduce_hierarchical(self, n):
+        """Shared memory inside each host, piece by piece; each piece's slices cross the hosts on
+        `local` rings at once, which share the host's link."""
+        k, h = self.shape.local, self.shape.hosts
+        net = self.p.network or ASSUMED_NETWORK
+        pieces = max(1, math.ceil(n / self.p.shm_piece_bytes))
+        cross_bytes = n / k / h  # what one local rank's ring passes per step, over all pieces
+        cross = 2 * (h - 1) * (pieces * net.alpha + cross_bytes * net.beta.memory * k)
+        return self._allreduce_shm(n) + cross + (h - 1) * self._combine(cross_bytes, self._working_set(n, 1.0))
+
+    def _allreduce_mpi(self, n):
+        """MPICH and Open MPI reduce large arrays by recursive halving and doubling too; their
+        messages cost the MPI library's alpha, their bytes its own per-byte cost."""
+        return self._allreduce_halving_doubling(n, link=self.p.mpi)
+
+    # --- the other collectives (n: the bytes of the whole result)
+
+    def _messages(self, count, nbytes, across, ws, link=None):
+        """`count` messages one after another that carry `nbytes` between them."""
+        latency = self._send(0, across, ws, link=link)
+        return count * latency + self._send(nbytes, across, ws, link=link) - latency
+
+    def _shm_pass(self, copied, n):
+        """The shared-memory family's barriers for an array of `n` bytes and its copies of `copied` bytes."""
+        return 2 * self.p.barrier * max(1, math.ceil(n / self.p.shm_piece_bytes)) + self._copy(
+            copied, self._working_set(n, 1.0))
+
+    def reducescatter(self, family, n):
+        p, across = self.shape.ranks, self.shape.hosts > 1
+        ws, m = self._working_set(n), n / p
+        if p == 1:
+            cost = 0.0
+        elif family == "shm":  # the allreduce without copying out the others' slices
+            cost = self._allreduce_shm(n) - self._copy(n - n / self.shape.local, ws)
+        else:
+            link = self.p.mpi if family == "mpi" else None
+            count = math.ceil(math.log2(p)) if family == "mpi" else p - 1
+            cost = self._messages(count, (p - 1) * m, across, ws, link) + (p - 1) * self._combine(m, ws)
+        return self.p.calls.get(family, 0.0) + cost
+
+    def allgather(self, family, n):
+        p, across = self.shape.ranks, self.shape.hosts > 1
+        ws = self._working_set(n, 1.0)
+        if p == 1:
+            cost = 0.0
+        elif family == "shm":
+            cost = self._shm_pass(n / self.shape.local + n, n)
+        elif family in ("halving_doubling", "mpi"):
+            link = self.p.mpi if family == "mpi" else None
+            width = 1 << (p.bit_length() - 1)
+            cost = self._messages(int(math.log2(width)), (width - 1) / width * n, across, ws, link)
+            if width < p:  # the fold's segment in, the whole result out
+                cost += self._messages(2, n / p + n, False, ws, link)
+        else:
+            cost = self._messages(p - 1, (p - 1) / p * n, across, ws)
+        return self.p.calls.get(family, 0.0) + cost
+
+    def broadcast(self, family, n):
+        p, across = self.shape.ranks, self.shape.hosts > 1
+        ws = self._working_set(n, 1.0)
+        rounds = math.ceil(math.log2(p)) if p > 1 else 0
+        if p == 1:
+            cost = 0.0
+        elif family == "shm":
+            cost = self._shm_pass(2 * n, n)
+        elif family == "mpi":  # a scatter and an allgather for large arrays
+            cost = self._messages(rounds, 2 * (p - 1) / p * n, across, ws, self.p.mpi)
+        else:  # down the binomial tree, in pieces that pipeline its levels
+            piece = min(n, 4 << 20) or 1
+            cost = (rounds + math.ceil(n / piece) - 1) * self._send(piece, across, ws)
+        return self.p.calls.get(family, 0.0) + cost
+
+    def cost(self, collective, family, n):
+        return getattr(self, collective)(family, n)
+
+    # --- the choice
+
+    def candidates(self, collective, hierarchical=None):
+        """The families that can run `collective` on this shape (`hierarchical`: the job's
+        RINGREDUCE_HIERARCHICAL, None unless set)."""
+        one_host = self.shape.hosts == 1
+        if collective == "allreduce":
+            if hierarchical:
+                return ["hierarchical", "mpi"]
+            names = ["mpi", "ring", "halving_doubling", "tree"]
+            if one_host:
+                names.append("shm")
+            elif hierarchical is None and self.shape.homogeneous and self.shape.local > 1:
+                names.append("hierarchical")
+            return names
+        names = {"reducescatter": ["mpi", "ring"], "allgather": ["mpi", "ring", "halving_doubling"],
+                 "broadcast": ["mpi", "ring"]}[collective]
+        return names + ["shm"] if one_host and self.shape.local > 1 else names
+
+    def choose(self, collective, n, hierarchical=None):
+        return min(self.candidates(collective, hierarchical), key=lambda family: self.cost(collective, family, n))
+
+    def table(self, collective, hierarchical=None):
+        """[(from_bytes, family), ...]: the family for every size from each bound up to the next,
+        as chosen at each power of two."""
+        rows = []
+        for size in TABLE_SIZES:
+            family = self.choose(collective, size, hierarchical)
+            if not rows or rows[-1][1] != family:
+                rows.append((0 if not rows else size, family))
+        return rows
+
+
+def default_path():
+    """Where `rrun --calibrate` saves a profile and jobs look for one: RINGREDUCE_PROFILE, else
+    ~/.cache/ringreduce/profile.json."""
+    return pathlib.Path(os.environ.get("RINGREDUCE_PROFILE") or pathlib.Path.home() / ".cache/ringreduce/profile.json")
+
+
+def load(path=None):
+    """The saved profile at `path` (default_path()), or DEFAULT where there is none."""
+    path = pathlib.Path(path) if path else default_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return DEFAULT
+    try:
+        return Profile.from_json(text, source=str(path))
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise ValueError(f"{path} is not a ringreduce cost profile ({type(error).__name__}: {error}); "
+                         "measure it again with rrun --calibrate, or remove it to use the built-in one") from None
+
+
+def save(profile, path=None):
+    path = pathlib.Path(path) if path else default_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profile.to_json())
+    return path
+
+
+def _bytes_text(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def explain(profile, shape, hierarchical=None):
+    """The profile's parameters and the family the model gives each collective at each size, as
+    `rrun --explain` and `rrun --calibrate` print them."""
+
+    def link(name, value):
+        if value is None:
+            return link(name, ASSUMED_NETWORK) + " (assumed: measured on one host)"
+        return (f"  {name:9s} alpha {value.alpha * 1e6:.2f} us, beta {1 / value.beta.cache / 1e9:.2f} GB/s in cache, "
+                f"{1 / value.beta.memory / 1e9:.2f} GB/s from memory")
+
+    per_byte = lambda name, value: (f"  {name:9s} {1 / value.cache / 1e9:.2f} GB/s in cache, "  # noqa: E731
+                                    f"{1 / value.memory / 1e9:.2f} GB/s from memory")
+    lines = [f"cost model profile: {profile.source}",
+             link("host", profile.host), link("network", profile.network), link("mpi", profile.mpi),
+             per_byte("reduce", profile.combine), per_byte("copy", profile.copy),
+             f"  barrier   {profile.barrier * 1e6:.2f} us; cache {_bytes_text(profile.cache_bytes)}; "
+             f"{profile.cores} cores per host",
+             "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items()),
+             f"choice for {shape.ranks} ranks on {shape.hosts} host(s):"]
+    model = Model(profile, shape)
+    for collective in COLLECTIVES:
+        rows = model.table(collective, hierarchical)
+        spans = [f"{family} from {_bytes_text(start)}" if start else family for start, family in rows]
+        lines.append(f"  {collective:13s} " + ", ".join(spans))
+    return "\n".join(lines)

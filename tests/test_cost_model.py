@@ -1,0 +1,112 @@
+"""The cost model as pure logic: its formulas against the alpha-beta-gamma closed forms, the
+choice it makes, profiles saved and loaded, and the probe's fits recovering known parameters.
+(Its predictions against measurement are in benchmarks/cost_model.py and docs/cost_model.md.)"""
+
+import dataclasses
+import math
+
+import pytest
+
+from ringreduce.algorithms import calibration, cost
+
+
+def _profile(alpha=1.0, beta=0.0, gamma=0.0, network=None, calls=None, cores=64):
+    flat = cost.PerByte(beta, beta)
+    return cost.Profile(host=cost.Link(alpha, flat), network=network, mpi=cost.Link(alpha, flat),
+                        combine=cost.PerByte(gamma, gamma), copy=cost.PerByte(0.0, 0.0), barrier=0.0,
+                        calls=calls or {}, cache_bytes=1 << 20, cores=cores)
+
+
+@pytest.mark.parametrize("ranks", range(2, 9))
+def test_messages_counted_per_family(ranks):
+    """With one second per message and nothing else: the ring sends 2(p-1), halving and doubling
+    2 log2 of the largest power of two (plus the fold's two where p is not one), the tree 2 ceil(log2 p)."""
+    model = cost.Model(_profile(), cost.Shape(ranks))
+    width = 1 << (ranks.bit_length() - 1)
+    assert model.allreduce("ring", 1000) == 2 * (ranks - 1)
+    assert model.allreduce("halving_doubling", 1000) == 2 * math.log2(width) + (2 if width < ranks else 0)
+    assert model.allreduce("tree", 1000) == 2 * math.ceil(math.log2(ranks))
+
+
+def test_bytes_and_reductions_follow_the_closed_forms():
+    model = cost.Model(_profile(alpha=0.0, beta=1.0, gamma=10.0), cost.Shape(4))
+    n = 4096
+    assert model.allreduce("ring", n) == pytest.approx(2 * 3 / 4 * n + 10 * 3 / 4 * n)
+    assert model.allreduce("halving_doubling", n) == pytest.approx(2 * 3 / 4 * n + 10 * 3 / 4 * n)
+    assert model.allreduce("tree", n) == pytest.approx(2 * 2 * n + 10 * 2 * n)
+
+
+def test_per_byte_cost_moves_from_cache_to_memory_with_the_working_set():
+    per_byte = cost.PerByte(1.0, 3.0)
+    assert per_byte.at(1 << 10, 1 << 20) == 1.0
+    assert per_byte.at(2 << 20, 1 << 20) == pytest.approx(2.0)  # half of it beyond the cache
+    assert per_byte.at(1 << 40, 1 << 20) == pytest.approx(3.0, rel=1e-5)
+
+
+def test_ranks_beyond_the_cores_share_them():
+    crowded = cost.Model(_profile(alpha=1.0, cores=2), cost.Shape(4))
+    roomy = cost.Model(_profile(alpha=1.0, cores=4), cost.Shape(4))
+    assert crowded.allreduce("ring", 100) == 2 * roomy.allreduce("ring", 100)
+
+
+def test_a_shared_network_link_is_shared_by_the_ranks_crossing_it():
+    """Halving across two hosts of four ranks: the first step's halves (n/2 each) cross from all
+    four ranks of a host at once; the ring sends one message per host at each step."""
+    network = cost.Link(0.0, cost.PerByte(1.0, 1.0))
+    model = cost.Model(_profile(alpha=0.0, network=network), cost.Shape(8, hosts=2))
+    n = 8000
+    assert model.allreduce("halving_doubling", n) == pytest.approx(2 * (n / 2) * 4)
+    assert model.allreduce("ring", n) == pytest.approx(2 * 7 * n / 8)
+
+
+def test_choice_latency_small_bandwidth_large():
+    """48 hosts with costly messages: a log p family for small arrays; for large ones the ring,
+    since halving and doubling at a rank count that is not a power of two moves whole arrays in its
+    fold; a family whose calls cost a second is never chosen."""
+    network = cost.Link(10e-6, cost.PerByte(1e-9, 1e-9))
+    model = cost.Model(_profile(alpha=1e-6, beta=1e-10, gamma=1e-10, network=network, calls={"mpi": 1.0}),
+                       cost.Shape(48, hosts=48))
+    assert model.choose("allreduce", 8) in ("tree", "halving_doubling")
+    assert model.choose("allreduce", 1 << 30) == "ring"
+    table = model.table("allreduce")
+    assert table[0] == (0, model.choose("allreduce", 1)) and table[-1][1] == "ring"
+    assert "mpi" not in {family for _, family in table}
+
+
+def test_profile_saved_and_loaded(tmp_path):
+    path = cost.save(cost.DEFAULT, tmp_path / "deep" / "profile.json")
+    loaded = cost.load(path)
+    assert dataclasses.replace(loaded, source=cost.DEFAULT.source) == cost.DEFAULT
+    assert loaded.source == str(path)
+    assert cost.load(tmp_path / "missing.json") is cost.DEFAULT
+
+
+def test_a_broken_profile_names_its_file(tmp_path):
+    broken = tmp_path / "profile.json"
+    broken.write_text('{"host": 3}')
+    with pytest.raises(ValueError, match=f"{broken} is not a ringreduce cost profile.*rrun --calibrate"):
+        cost.load(broken)
+
+
+def test_the_profile_path_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("RINGREDUCE_PROFILE", str(tmp_path / "p.json"))
+    assert cost.default_path() == tmp_path / "p.json"
+    monkeypatch.delenv("RINGREDUCE_PROFILE")
+    assert cost.default_path().name == "profile.json" and ".cache" in str(cost.default_path())
+
+
+def test_the_probe_fits_recover_known_costs():
+    truth = cost.PerByte(2e-11, 9e-11)
+    cache_bytes = 32 << 20
+    sizes = (calibration.IN_CACHE, calibration.FROM_MEMORY)
+    seconds = [n * truth.at(2 * n, cache_bytes) for n in sizes]
+    fitted = calibration._fit(sizes, seconds, lambda n: 2 * n, cache_bytes)
+    assert fitted.cache == pytest.approx(truth.cache) and fitted.memory == pytest.approx(truth.memory)
+    assert calibration._solve(lambda x: 3.0 + 7.0 * x, 10.0) == pytest.approx(1.0)
+
+
+def test_explain_names_every_collective_and_the_parameters():
+    text = cost.explain(cost.DEFAULT, cost.Shape(8, hosts=2))
+    assert "cost model profile: built in" in text and "assumed" in text
+    for collective in cost.COLLECTIVES:
+        assert f"  {collective}" in text
