@@ -30,6 +30,7 @@ class AlgorithmSelector:
         """`tables`: collective -> [(from_bytes, family name), ...] in increasing sizes, the first
         from 0. `any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
         picked cannot."""
+        self.tables = tables
         self._starts = {c: [start for start, _ in rows] for c, rows in tables.items()}
         self._chosen = {c: [families[name] for _, name in rows] for c, rows in tables.items()}
         self.families, self.segment, self.any_dtype = families, segment, any_dtype
