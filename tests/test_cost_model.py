@@ -11,9 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-from launch import run_job
 
 from ringreduce.algorithms import calibration, cost
+
+from launch import run_job
 
 
 def _profile(alpha=1.0, beta=0.0, gamma=0.0, network=None, calls=None, cores=64):
