@@ -1,12 +1,14 @@
-"""The cost model against measurement, without circularity: a profile fitted by the short probe
-(`rrun -np 2 --calibrate PATH`, run before this) predicts held-out cases that the probe never ran:
-every family's allreduce at 64 KiB to 256 MiB, at this job's number of ranks and hosts.
+"""The cost model against measurement, without circularity: the short probe (calibration.py) on
+two ranks predicts held-out cases it never ran: every family's allreduce at 1 KiB to 256 MiB, at
+this job's number of ranks and hosts.
 
-    rrun -np 2 --calibrate /tmp/profile.json
-    rrun -np 3 python benchmarks/cost_model.py --profile /tmp/profile.json --label "one host"
+    rrun -np 3 python benchmarks/cost_model.py --label "one host"
+    rrun -H a:2,b:2 python benchmarks/cost_model.py --profile cluster.json   # probed before, across hosts
 
-Prints, and appends to benchmarks/results/cost_model.jsonl, each case's median of measured
-seconds against the prediction. Below 64 KiB it reports the spread between runs instead.
+These machines are shared and their speed drifts by 2x within minutes, so the probe and the cases
+run in rounds, each round probing again (on ranks 0 and 1, the others waiting) and then running
+every case a few times: a case's measured median and its predicted median come from the same
+rounds. Appends each case to benchmarks/results/cost_model.jsonl.
 """
 
 import argparse
@@ -19,13 +21,13 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.algorithms import cost
+from ringreduce.algorithms import calibration, cost
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
 from ringreduce.algorithms.shared import SharedMemory
 from ringreduce.machine import topology
 from ringreduce.machine.shared_memory import Segment
-from ringreduce.machine.transport import MPITransport
+from ringreduce.machine.transport import MPITransport, wait_all
 from ringreduce.ops import ReduceOp
 
 SIZES = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -49,8 +51,7 @@ def seconds(comm, family, nbytes, budget):
     """Median over repetitions (each started together) of the slowest rank's time."""
     buf = np.ones(nbytes // 4, np.float32)
     reps = int(max(3, min(30, budget / max(1e-5, _one(comm, family, buf)))))
-    samples = [_one(comm, family, buf) for _ in range(reps)]
-    return statistics.median(samples), min(samples), max(samples)
+    return statistics.median(_one(comm, family, buf) for _ in range(reps))
 
 
 def _one(comm, family, buf):
@@ -60,35 +61,47 @@ def _one(comm, family, buf):
     return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 
+def probe_on_two(comm):
+    """The probe on ranks 0 and 1 (what `rrun -np 2 --calibrate` measures), the others waiting."""
+    pair = comm.Split(0 if comm.rank < 2 else MPI.UNDEFINED, comm.rank)
+    profile = calibration.measure(pair) if pair != MPI.COMM_NULL else None
+    wait_all([comm.Ibarrier()])
+    return comm.bcast(profile, root=0)
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--profile", required=True)
     parser.add_argument("--label", default="")
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
-    parser.add_argument("--budget", type=float, default=0.5, help="seconds per case, about")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=0.15, help="seconds per case and round, about")
+    parser.add_argument("--profile", help="a profile from rrun --calibrate, instead of probing every round")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     place, host_comm, cross_comm = topology.discover(comm)
-    profile = cost.load(args.profile)
-    model = cost.Model(profile, cost.Shape(place.size, place.hosts, place.homogeneous))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    rows = []
-    for name, family in families(comm, place, host_comm, cross_comm).items():
-        for nbytes in [n for n in SIZES if n <= args.max_bytes]:
-            if name == "tree" and nbytes > 16 << 20:
-                continue  # whole arrays at every level: far off the chart and minutes long
-            median, low, high = seconds(comm, family, nbytes, args.budget)
-            predicted = model.allreduce(name, nbytes)
-            rows.append({"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"),
-                         "ranks": place.size, "hosts": place.hosts, "family": name, "bytes": nbytes,
-                         "median": median, "min": low, "max": high, "predicted": predicted})
-            if comm.rank == 0:
-                print(f"{name:17s} {nbytes:>10d} B  measured {median * 1e3:9.3f} ms "
-                      f"(min {low * 1e3:.3f}, max {high * 1e3:.3f})  predicted {predicted * 1e3:9.3f} ms  "
-                      f"ratio {predicted / median:5.2f}", flush=True)
+    shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+    built = families(comm, place, host_comm, cross_comm)
+    cases = [(name, n) for name in built for n in SIZES
+             if n <= args.max_bytes and not (name == "tree" and n > 16 << 20)]
+    measured, predicted = {case: [] for case in cases}, {case: [] for case in cases}
+    for _ in range(args.rounds):
+        model = cost.Model(cost.load(args.profile) if args.profile else probe_on_two(comm), shape)
+        for name, nbytes in cases:
+            measured[name, nbytes].append(seconds(comm, built[name], nbytes, args.budget))
+            predicted[name, nbytes].append(model.allreduce(name, nbytes))
     if comm.rank == 0:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with RESULTS.open("a") as out:
-            out.writelines(json.dumps(row) + "\n" for row in rows)
+            for name, nbytes in cases:
+                row = {"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"), "ranks": place.size,
+                       "hosts": place.hosts, "family": name, "bytes": nbytes,
+                       "median": statistics.median(measured[name, nbytes]),
+                       "min": min(measured[name, nbytes]), "max": max(measured[name, nbytes]),
+                       "predicted": statistics.median(predicted[name, nbytes])}
+                out.write(json.dumps(row) + "\n")
+                print(f"{name:17s} {nbytes:>10d} B  measured {row['median'] * 1e3:9.3f} ms "
+                      f"(rounds {row['min'] * 1e3:.3f}-{row['max'] * 1e3:.3f})  predicted {row['predicted'] * 1e3:9.3f} ms  "
+                      f"ratio {row['predicted'] / row['median']:5.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,10 @@ FROM_MEMORY = 64 << 20
 ACROSS = (256 << 10, 4 << 20)  # a slow network link's cost per byte is the same at any size
 
 
-def measure(comm, host_comm=None, place=None, piece_bytes=1 << 20):
+def measure(comm, piece_bytes=1 << 20):
     """A cost.Profile fitted on `comm`'s ranks (collective: every rank calls it, every rank gets
     the same profile)."""
-    if place is None:
-        place, host_comm, _ = topology.discover(comm)
+    place, host_comm, cross_comm = topology.discover(comm)
     probe = _Probe(comm, place)
     cache_bytes = probe.agreed(_last_level_cache())
     cores = probe.agreed(len(os.sched_getaffinity(0)))
@@ -49,26 +48,35 @@ def measure(comm, host_comm=None, place=None, piece_bytes=1 << 20):
     copy = probe.per_byte(lambda a, b: np.copyto(a, b), cache_bytes)
     segment = Segment(host_comm, place.local_size * piece_bytes) if place.local_size > 1 else None
     barrier = probe.barrier(segment)
-    mpi_alpha = probe.mpi_latency(*probe.host_pair()) if place.local_size > 1 else host.alpha
-    draft = cost.Profile(host=host, network=network, mpi=cost.Link(mpi_alpha, host.beta), combine=combine,
-                         copy=copy, barrier=barrier, calls={}, cache_bytes=cache_bytes, cores=cores,
-                         shm_piece_bytes=piece_bytes, source="measured")
-    families = _families(comm, segment, place)
-    draft = dataclasses.replace(draft, mpi=cost.Link(mpi_alpha, probe.mpi_per_byte(families["mpi"], draft, place)))
+    pair = probe.host_pair()
+    mpi = cost.Link(probe._ping_pong(*pair, 8, 200, *probe.mpis()), host.beta) if pair[0] is not None else host
+    draft = cost.Profile(host=host, network=network, mpi=mpi, combine=combine, copy=copy, barrier=barrier, calls={},
+                         cache_bytes=cache_bytes, cores=cores, shm_piece_bytes=piece_bytes, source="measured")
+    families = _families(comm, segment, cross_comm, place)
+    draft = dataclasses.replace(draft, mpi=dataclasses.replace(
+        mpi, exchange=probe.mpi_per_byte(families["mpi"], draft, place)))
     model = cost.Model(draft, cost.Shape(place.size, place.hosts, place.homogeneous))
     calls = {name: max(0.0, probe.call(family) - getattr(model, "_allreduce_" + name)(8))
              for name, family in families.items()}
     if segment is not None:
         segment.close()
+    host_comm.Free()
+    cross_comm.Free()
+    if pair[0] is not None:  # last: see _Probe.crowded
+        host = dataclasses.replace(draft.host, crowded_alpha=probe.crowded(*pair, *probe.ours()))
+        mpi = dataclasses.replace(draft.mpi, crowded_alpha=probe.crowded(*pair, *probe.mpis()))
+        draft = dataclasses.replace(draft, host=host, mpi=mpi)
     return dataclasses.replace(draft, calls=calls)
 
 
-def _families(comm, segment, place):
+def _families(comm, segment, cross_comm, place):
     transport = MPITransport(comm)
     families = {"ring": RingFamily(transport, 4 << 20), "halving_doubling": HalvingDoublingFamily(transport, 4 << 20),
                 "tree": TreeFamily(transport, 4 << 20), "mpi": MPIAlgorithms(transport)}
     if segment is not None and place.hosts == 1:
         families["shm"] = SharedMemory(segment)
+    elif segment is not None and place.homogeneous:
+        families["hierarchical"] = SharedMemory(segment, RingFamily(MPITransport(cross_comm), 4 << 20).allreduce)
     return families
 
 
@@ -122,23 +130,55 @@ class _Probe:
         return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
 
     def link(self, a, b, sizes, cache_bytes):
-        """A cost.Link from ping-pongs of ringreduce's own messages at three sizes: the latency at
-        the first, the cost per byte in cache and from memory at the others."""
+        """A cost.Link of ringreduce's own messages between ranks a and b: the latency from
+        ping-pongs at the first size, alone and with both ranks on one core; the cost per byte in
+        cache and from memory at the other two, by ping-pong and by both ranks exchanging at once."""
         if a is None:
             return cost.DEFAULT.host
+        send, recv = self.ours()
+        alpha = self._ping_pong(a, b, sizes[0], 200, send, recv)
+        reps = [max(3, min(50, (64 << 20) // n)) for n in sizes[1:]]
+        one_way = [self._ping_pong(a, b, n, r, send, recv) - alpha for n, r in zip(sizes[1:], reps, strict=True)]
+        both = [self._exchange(a, b, n, r) - alpha for n, r in zip(sizes[1:], reps, strict=True)]
+        return cost.Link(alpha, _fit(sizes[1:], one_way, lambda n: 2 * n, cache_bytes),
+                         _fit(sizes[1:], both, lambda n: 4 * n, cache_bytes))
+
+    def _exchange(self, a, b, nbytes, reps):
+        """Median seconds of ranks a and b sending each other `nbytes` at the same time."""
+        times = []
+        if self.comm.rank in (a, b):
+            other = b if self.comm.rank == a else a
+            out, into = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+            for _ in range(reps + 1):
+                start = time.perf_counter()
+                self.transport.sendrecv(out, other, into, other)
+                times.append(time.perf_counter() - start)
+        self.together()
+        return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+
+    def crowded(self, a, b, send, recv):
+        """One-way latency of 8-byte ping-pongs with ranks a and b on the same core (the first
+        of rank a's), as ranks beyond a host's cores run. Measured last: once given its cores
+        back, a process may stay where it was for a while."""
+        if not hasattr(os, "sched_setaffinity"):
+            return None
+        mine = os.sched_getaffinity(0)
+        core = self.agreed(min(mine))
+        if self.comm.rank in (a, b):
+            os.sched_setaffinity(0, {core})
+        try:
+            return self._ping_pong(a, b, 8, 30, send, recv)
+        finally:
+            os.sched_setaffinity(0, mine)
+
+    def ours(self):
+        """Send and receive as ringreduce's families do: non-blocking, waited without spinning."""
         t = self.transport
+        return lambda buf, peer: t.wait([t.isend(buf, peer)]), lambda buf, peer: t.wait([t.irecv(buf, peer)])
 
-        def one_way(nbytes, reps):
-            return self._ping_pong(a, b, nbytes, reps, lambda buf, peer: t.wait([t.isend(buf, peer)]),
-                                   lambda buf, peer: t.wait([t.irecv(buf, peer)]))
-
-        alpha = one_way(sizes[0], 200)
-        times = [one_way(n, max(3, min(50, (64 << 20) // n))) for n in sizes[1:]]
-        return cost.Link(alpha, _fit(sizes[1:], [time - alpha for time in times], lambda n: 2 * n, cache_bytes))
-
-    def mpi_latency(self, a, b):
-        c = self.comm
-        return self._ping_pong(a, b, 8, 200, lambda buf, peer: c.Send(buf, peer), lambda buf, peer: c.Recv(buf, peer))
+    def mpis(self):
+        """Send and receive as the MPI library does inside its collectives: blocking, spinning."""
+        return lambda buf, peer: self.comm.Send(buf, peer), lambda buf, peer: self.comm.Recv(buf, peer)
 
     def per_byte(self, work, cache_bytes):
         """cost.PerByte of `work(a, b)` on two arrays, timed on rank 0 alone."""
@@ -188,7 +228,7 @@ class _Probe:
                                                                                                     FROM_MEMORY)]
 
         def predicted(per_byte, n):
-            profile = dataclasses.replace(draft, mpi=cost.Link(draft.mpi.alpha, per_byte))
+            profile = dataclasses.replace(draft, mpi=dataclasses.replace(draft.mpi, exchange=per_byte))
             return cost.Model(profile, shape)._allreduce_mpi(n)
 
         # The model is linear in each per-byte value: solve for the one that matches each size.
@@ -220,8 +260,8 @@ def main(argv=None):
     parser.add_argument("--save", default=None, help="where to save the profile (default: %(default)s)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    place, host_comm, _ = topology.discover(comm)
-    profile = measure(comm, host_comm, place)
+    place, _, _ = topology.discover(comm)
+    profile = measure(comm)
     if comm.rank == 0:
         path = cost.save(profile, args.save)
         print(f"ringreduce: saved the profile measured on {place.size} ranks, {place.hosts} host(s) to {path}")

@@ -41,7 +41,18 @@ class PerByte:
 @dataclasses.dataclass(frozen=True)
 class Link:
     alpha: float  # seconds per message
-    beta: PerByte  # seconds per byte
+    beta: PerByte  # seconds per byte, one message at a time
+    # Seconds per byte while both ranks of a pair send and receive at once (the ring's and the
+    # halving's steps): memory is shared; None where not measured (as beta).
+    exchange: PerByte | None = None
+    # Seconds per message when two ranks share one core (None: as alpha): a rank that waits for a
+    # message holds the core its partner needs, until the scheduler moves on.
+    crowded_alpha: float | None = None
+
+    @classmethod
+    def from_dict(cls, fields):
+        per_byte = {k: PerByte(**fields[k]) if fields.get(k) else None for k in ("beta", "exchange")}
+        return cls(**{**fields, **per_byte})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +75,7 @@ class Profile:
     @classmethod
     def from_json(cls, text, source=None):
         fields = json.loads(text)
-        links = {k: Link(v["alpha"], PerByte(**v["beta"])) if v else None for k, v in fields.items()
-                 if k in ("host", "network", "mpi")}
+        links = {k: Link.from_dict(v) if v else None for k, v in fields.items() if k in ("host", "network", "mpi")}
         per_byte = {k: PerByte(**fields[k]) for k in ("combine", "copy")}
         rest = {k: v for k, v in fields.items() if k not in links and k not in per_byte}
         profile = cls(**links, **per_byte, **rest)
@@ -113,15 +123,27 @@ class Model:
 
     # --- the pieces every family is made of
 
-    def _send(self, nbytes, across, working_set, sharing=1, link=None):
+    def _send(self, nbytes, across, working_set, sharing=1, link=None, exchange=False):
         """One message of `nbytes`: over the network when `across` (its bandwidth shared by
-        `sharing` ranks of the host sending at once), else between processes of the host."""
+        `sharing` ranks of the host sending at once), else between processes of the host; with
+        `exchange`, every rank sends one and receives one at the same time."""
         link = link or self.p.host
-        host_side = nbytes * link.beta.at(working_set, self.p.cache_bytes) * self.crowding
+        per_byte = link.exchange if exchange and link.exchange else link.beta
+        host_side = nbytes * per_byte.at(working_set, self.p.cache_bytes) * self.crowding
         if across:  # the bytes still leave through the sender's memory, and arrive in the receiver's
             net = self.p.network or ASSUMED_NETWORK
             return net.alpha + nbytes * net.beta.memory * sharing + host_side
-        return link.alpha * self.crowding + host_side
+        return self._latency(link) + host_side
+
+    def _latency(self, link):
+        """A message's latency: alpha, rising towards crowded_alpha as the ranks per core go from 1 to 2."""
+        if link.crowded_alpha is None:
+            return link.alpha * self.crowding
+        return link.alpha + (link.crowded_alpha - link.alpha) * min(1.0, self.crowding - 1.0)
+
+    def _barrier(self):
+        """One barrier of the shared segment: crowded ranks wait for each other as messages do."""
+        return self.p.barrier + self._latency(self.p.host) - self.p.host.alpha
 
     def _combine(self, nbytes, working_set):
         return nbytes * self.p.combine.at(working_set, self.p.cache_bytes) * self.crowding
@@ -143,7 +165,7 @@ class Model:
         if p == 1:
             return 0.0
         ws, across, m = self._working_set(n), shape.hosts > 1, n / p
-        return 2 * (p - 1) * self._send(m, across, ws) + (p - 1) * self._combine(m, ws)
+        return 2 * (p - 1) * self._send(m, across, ws, exchange=True) + (p - 1) * self._combine(m, ws)
 
     def _allreduce_halving_doubling(self, n, link=None):
         p, k = self.shape.ranks, self.shape.local
@@ -158,7 +180,7 @@ class Model:
         while distance >= 1:
             across = distance >= k and self.shape.hosts > 1
             sharing = min(k, width) if across else 1
-            total += 2 * self._send(m, across, ws, sharing, link) + self._combine(m, ws)
+            total += 2 * self._send(m, across, ws, sharing, link, exchange=True) + self._combine(m, ws)
             distance, m = distance // 2, m / 2
         return total
 
@@ -174,18 +196,22 @@ class Model:
         return total
 
     def _allreduce_shm(self, n):
-        """Each piece: slices copied into the segment, one slice reduced by each rank, all copied
-        out. The segment's side of every copy and reduction stays in the cache (its pieces are
-        small); the arrays' side streams from memory once they outgrow it."""
+        """Each piece: a rank copies the slices the others reduce into its slot of the segment,
+        reduces its own slice reading the other ranks' slots, and copies every reduced slice out.
+        Reading what another core wrote costs half what a message between processes costs per byte
+        (the link's exchange rate, every rank reading at once; MPI moves a message through shared
+        memory in two copies, one of them across cores); the rest are copies and reductions on this
+        core."""
         k = self.shape.local
         if k == 1:
             return 0.0
         pieces = max(1, math.ceil(n / self.p.shm_piece_bytes))
         ws = self._working_set(n, 1.0)
-        half_cached = lambda per_byte: (per_byte.cache + per_byte.at(ws, self.p.cache_bytes)) / 2  # noqa: E731
-        moved = (k - 1) / k * n + n  # slices into the segment, results out of it
-        return (pieces * 2 * self.p.barrier + moved * half_cached(self.p.copy)
-                + (k - 1) / k * n * half_cached(self.p.combine)) * self.crowding
+        others = (k - 1) / k * n
+        link = self.p.host
+        cross_core = (link.exchange or link.beta).at(ws, self.p.cache_bytes) / 2
+        return (pieces * 2 * self._barrier() + 2 * others * cross_core * self.crowding
+                + self._copy(others + n / k, ws) + self._combine(others, ws))
 
     def _allreduce_hierarchical(self, n):
         """Shared memory inside each host, piece by piece; each piece's slices cross the hosts on
@@ -198,20 +224,28 @@ class Model:
         return self._allreduce_shm(n) + cross + (h - 1) * self._combine(cross_bytes, self._working_set(n, 1.0))
 
     def _allreduce_mpi(self, n):
-        """MPICH and Open MPI reduce large arrays by recursive halving and doubling too; their
-        messages cost the MPI library's alpha, their bytes its own per-byte cost."""
-        return self._allreduce_halving_doubling(n, link=self.p.mpi)
+        """MPICH and Open MPI reduce large arrays by recursive halving and doubling too, with the
+        MPI library's own cost per message and per byte. Across hosts of several ranks each they
+        go node by node: a reduce inside each host, the hosts' leaders among themselves, and a
+        broadcast inside each host (modelled as binomial trees of whole arrays)."""
+        if self.shape.hosts == 1 or self.shape.local == 1:
+            return self._allreduce_halving_doubling(n, link=self.p.mpi)
+        k, ws = self.shape.local, self._working_set(n)
+        inside = math.ceil(math.log2(k)) * (2 * self._send(n, False, ws, link=self.p.mpi) + self._combine(n, ws))
+        leaders = Model(self.p, Shape(self.shape.hosts, self.shape.hosts))
+        leaders.crowding = self.crowding
+        return inside + leaders._allreduce_halving_doubling(n, link=self.p.mpi)
 
     # --- the other collectives (n: the bytes of the whole result)
 
     def _messages(self, count, nbytes, across, ws, link=None):
-        """`count` messages one after another that carry `nbytes` between them."""
-        latency = self._send(0, across, ws, link=link)
-        return count * latency + self._send(nbytes, across, ws, link=link) - latency
+        """`count` exchanges one after another that carry `nbytes` between them."""
+        latency = self._send(0, across, ws, link=link, exchange=True)
+        return count * latency + self._send(nbytes, across, ws, link=link, exchange=True) - latency
 
     def _shm_pass(self, copied, n):
         """The shared-memory family's barriers for an array of `n` bytes and its copies of `copied` bytes."""
-        return 2 * self.p.barrier * max(1, math.ceil(n / self.p.shm_piece_bytes)) + self._copy(
+        return 2 * self._barrier() * max(1, math.ceil(n / self.p.shm_piece_bytes)) + self._copy(
             copied, self._working_set(n, 1.0))
 
     def reducescatter(self, family, n):
@@ -333,14 +367,23 @@ def explain(profile, shape, hierarchical=None):
     """The profile's parameters and the family the model gives each collective at each size, as
     `rrun --explain` and `rrun --calibrate` print them."""
 
+    def rate(per_byte):
+        return f"{1 / per_byte / 1e9:.2f} GB/s" if per_byte > 0 else "(hidden by the network)"
+
     def link(name, value):
         if value is None:
             return link(name, ASSUMED_NETWORK) + " (assumed: measured on one host)"
-        return (f"  {name:9s} alpha {value.alpha * 1e6:.2f} us, beta {1 / value.beta.cache / 1e9:.2f} GB/s in cache, "
-                f"{1 / value.beta.memory / 1e9:.2f} GB/s from memory")
+        text = (f"  {name:9s} alpha {value.alpha * 1e6:.2f} us, {rate(value.beta.cache)} in cache, "
+                f"{rate(value.beta.memory)} beyond")
+        if value.exchange:
+            text += f"; both ways at once {rate(value.exchange.cache)} and {rate(value.exchange.memory)}"
+        if value.crowded_alpha is not None:
+            text += f"; two ranks on one core: alpha {value.crowded_alpha * 1e6:.1f} us"
+        return text
 
-    per_byte = lambda name, value: (f"  {name:9s} {1 / value.cache / 1e9:.2f} GB/s in cache, "  # noqa: E731
-                                    f"{1 / value.memory / 1e9:.2f} GB/s from memory")
+    def per_byte(name, value):
+        return f"  {name:9s} {rate(value.cache)} in cache, {rate(value.memory)} from memory"
+
     lines = [f"cost model profile: {profile.source}",
              link("host", profile.host), link("network", profile.network), link("mpi", profile.mpi),
              per_byte("reduce", profile.combine), per_byte("copy", profile.copy),
