@@ -100,7 +100,8 @@ def main():
                        "predicted": statistics.median(predicted[name, nbytes])}
                 out.write(json.dumps(row) + "\n")
                 print(f"{name:17s} {nbytes:>10d} B  measured {row['median'] * 1e3:9.3f} ms "
-                      f"(rounds {row['min'] * 1e3:.3f}-{row['max'] * 1e3:.3f})  predicted {row['predicted'] * 1e3:9.3f} ms  "
+                      f"(rounds {row['min'] * 1e3:.3f}-{row['max'] * 1e3:.3f})  "
+                      f"predicted {row['predicted'] * 1e3:9.3f} ms  "
                       f"ratio {row['predicted'] / row['median']:5.2f}", flush=True)
 
 
