@@ -29,7 +29,7 @@ LAYERS = (
                     "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
                     "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
                     "ringreduce.powersgd", "ringreduce.load_balancing", "ringreduce.local_sgd",
-                    "ringreduce.elastic", "ringreduce.commits", "ringreduce.rrun_link")),
+                    "ringreduce.elastic", "ringreduce.commits", "ringreduce.rrun_link", "ringreduce.simulator")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
