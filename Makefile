@@ -45,6 +45,12 @@ bench: install
 	$(RRUN) -np 2 $(PYTHON) benchmarks/elastic.py
 	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/slow_link.sh 1gbit "1 Gbit/s"; \
 		else echo "benchmarks/slow_link.sh skipped: no two-host test cluster (make cluster, as root)"; fi
+	$(RRUN) -np 2 $(PYTHON) benchmarks/cost_model.py --label "one host"
+	$(RRUN) -np 4 $(PYTHON) benchmarks/cost_model.py --label "one host"
+	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/cost_model_cluster.sh 1gbit 256kb \
+		"1 Gbit/s" 268435456; else echo "benchmarks/cost_model_cluster.sh skipped: no two-host test cluster"; fi
+	$(PYTHON) benchmarks/cost_model_summary.py
+	$(PYTHON) benchmarks/horovod_scaling.py
 	$(RRUN) -np 3 $(PYTHON) benchmarks/process_sets.py
 	$(RRUN) -np 4 $(PYTHON) examples/hybrid_parallel.py --epochs 3
 	$(RRUN) -np 1 $(PYTHON) examples/pytorch_synthetic_benchmark.py

@@ -1,0 +1,43 @@
+"""The summary of benchmarks/results/cost_model.jsonl that docs/cost_model.md quotes: per setting
+(label, ranks, hosts), how many held-out cases of 64 KiB to 256 MiB the model predicts within 25 %
+of the measured median, the median and worst error, per family; below 64 KiB the spread between
+rounds instead.
+
+    python benchmarks/cost_model_summary.py [--commit SHORT_SHA]
+"""
+
+import argparse
+import collections
+import json
+import pathlib
+import statistics
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "cost_model.jsonl"
+SMALL = 64 << 10
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--commit", help="only the rows measured at this commit")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if not args.commit or row["commit"] == args.commit]
+    settings = collections.defaultdict(list)
+    for row in rows:
+        settings[row["label"], row["ranks"], row["hosts"]].append(row)
+    print("| setting | ranks | family | within 25 % (64 KiB+) | median error | worst | below 64 KiB: round spread |")
+    print("|---|---|---|---|---|---|---|")
+    for (label, ranks, hosts), cases in settings.items():
+        for family in dict.fromkeys(row["family"] for row in cases):
+            mine = [row for row in cases if row["family"] == family]
+            large = [row["predicted"] / row["median"] - 1 for row in mine if row["bytes"] >= SMALL]
+            small = [row["max"] / row["min"] for row in mine if row["bytes"] < SMALL]
+            within = sum(abs(error) <= 0.25 for error in large)
+            worst = max(large, key=abs)
+            print(f"| {label} | {ranks} on {hosts} | {family} | {within} of {len(large)} | "
+                  f"{statistics.median(abs(e) for e in large):.0%} | {worst:+.0%} | "
+                  f"{max(small):.1f}x |" if small else "- |")
+
+
+if __name__ == "__main__":
+    main()
