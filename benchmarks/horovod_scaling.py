@@ -105,6 +105,23 @@ def plot(path, workload_):
     figure.savefig(path, dpi=110)
 
 
+def guide():
+    """docs/cluster.md's table: what the knobs do to two models on this kind of cluster."""
+    columns = [("flat ring, Horovod's engine", "ring", HOROVOD_ENGINE, 1.0),
+               ("flat ring, ringreduce's", "ring", simulator.Engine(), 1.0),
+               ("hierarchical", "hierarchical", simulator.Engine(), 1.0), ("auto", None, simulator.Engine(), 1.0),
+               ("auto, fp16", None, simulator.Engine(), 0.5),
+               ("auto, fusion 32 MiB", None, simulator.Engine(32 << 20, 1e-3), 1.0)]
+    print("\n| model, GPUs | " + " | ".join(label for label, *_ in columns) + " |")
+    for name in ("ResNet-101", "VGG-16"):
+        work = workload(name, WORKLOADS[name])
+        for gpus in (512, 4096):
+            cluster = HOROVOD_CLUSTER.with_gpus(gpus)
+            cells = [simulator.step(cluster, work.compressed(ratio), family, engine).efficiency
+                     for _, family, engine, ratio in columns]
+            print(f"| {name}, {gpus} | " + " | ".join(f"{cell:.1%}" for cell in cells) + " |")
+
+
 def main():
     print(f"{'model':13s} {'gradients':>10s} {'1-GPU step':>10s} {'predicted':>9s} {'published':>9s}  "
           f"{'exposed comm':>12s}  the model's choice")
@@ -115,6 +132,7 @@ def main():
         print(f"{name:13s} {work.gradient_bytes / 1e6:8.1f}MB {work.step * 1e3:8.0f}ms {horovod.efficiency:9.1%} "
               f"{PUBLISHED[name]:9.0%}  {horovod.exposed * 1e3:10.0f}ms  {chosen.efficiency:.1%} "
               f"({', '.join(sorted(set(chosen.families)))})")
+    guide()
     root = pathlib.Path(__file__).resolve().parent.parent
     plot(root / "docs" / "images" / "simulated_scaling.png", workload("ResNet-101", WORKLOADS["ResNet-101"]))
 

@@ -83,6 +83,10 @@ class Workload:
     def gradient_bytes(self):
         return sum(nbytes for nbytes, _ in self.layers)
 
+    def compressed(self, ratio):
+        """The same model with `ratio` of its gradient bytes on the wire (fp16: 0.5)."""
+        return dataclasses.replace(self, layers=tuple((nbytes * ratio, seconds) for nbytes, seconds in self.layers))
+
     @classmethod
     def even(cls, name, gradient_bytes, layers, step_seconds, forward_share=1 / 3):
         """A model known only by its totals: `layers` layers of equal size and backward time."""
@@ -156,10 +160,13 @@ def main(argv=None):
     parser.add_argument("--step-ms", type=float, required=True, help="one GPU's forward and backward, ms")
     parser.add_argument("--fusion-mb", type=float, default=128.0)
     parser.add_argument("--cycle-ms", type=float, default=1.0)
+    parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
+                        help="gradients on the wire in 16 bits (the cast on the GPU is not counted)")
     args = parser.parse_args(argv)
     cluster = Cluster(1, args.gpus_per_node, args.intra_gbytes, args.intra_latency_us * 1e-6, args.inter_gbit,
                       args.inter_latency_us * 1e-6)
     workload = Workload.even("model", args.gradient_mb * 1e6, args.layers, args.step_ms * 1e-3)
+    workload = workload.compressed(0.5 if args.compression != "none" else 1.0)
     engine = Engine(int(args.fusion_mb * (1 << 20)), args.cycle_ms * 1e-3)
     table = scaling(cluster, workload, engine=engine)
     print("GPUs   " + "  ".join(f"{family or 'chosen':>16s}" for family in table) + "  chosen family")

@@ -64,6 +64,14 @@ def test_scaling_covers_2_to_16384_gpus_with_the_model_choice_about_the_best():
     assert CLUSTER.with_gpus(1024).nodes == 256
 
 
+def test_compression_halves_the_bytes_and_helps_a_bandwidth_bound_model():
+    work = simulator.Workload.even("big", 500e6, 16, 0.4)
+    half = work.compressed(0.5)
+    assert half.gradient_bytes == work.gradient_bytes / 2 and half.step == work.step
+    cluster = CLUSTER.with_gpus(512)
+    assert simulator.step(cluster, half).efficiency > simulator.step(cluster, work).efficiency
+
+
 def test_the_command_line_prints_every_scale():
     out = subprocess.run([sys.executable, "-m", "ringreduce.simulator", "--gradient-mb", "98", "--step-ms", "100"],
                          capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()

@@ -95,18 +95,19 @@ class Shape:
         return math.ceil(self.ranks / self.hosts)
 
 
-# Measured on the 2-core test machine (AMD EPYC, 32 MiB L3, MPICH 5.0.2) by `rrun -np 2 --calibrate`
-# (2026-12-02; docs/cost_model.md): what a job uses until a profile of its own machines is saved.
+# Measured on the 2-core test machine (AMD EPYC, 32 MiB L3, MPICH 5.0.2) by `rrun -np 2 --calibrate`,
+# the median of three runs (2026-12-02; docs/cost_model.md): what a job uses until a profile of its
+# own machines is saved.
 DEFAULT = Profile(
-    host=Link(1.9e-6, PerByte(1.19e-10, 1.19e-10)),
+    host=Link(1.9e-6, PerByte(1 / 12.05e9, 1 / 12.05e9), PerByte(1 / 8.0e9, 1 / 7.27e9), crowded_alpha=135.9e-6),
     network=None,
-    mpi=Link(1.4e-6, PerByte(1.75e-10, 5.2e-10)),
-    combine=PerByte(2.26e-11, 7.2e-11),
-    copy=PerByte(2.2e-11, 8.1e-11),
-    barrier=1.3e-6,
-    calls={"ring": 7.5e-6, "halving_doubling": 7.6e-6, "tree": 4.3e-6, "mpi": 1.8e-6, "shm": 9.4e-6,
-           "hierarchical": 9.4e-6},
-    cache_bytes=32 << 20,
+    mpi=Link(2.04e-6, PerByte(1 / 12.05e9, 1 / 12.05e9), PerByte(1 / 2.49e9, 1 / 2.21e9), crowded_alpha=6.0e-6),
+    combine=PerByte(1 / 49.4e9, 1 / 11.68e9),
+    copy=PerByte(1 / 43.5e9, 1 / 12.1e9),
+    barrier=2.17e-6,
+    calls={"ring": 11.0e-6, "halving_doubling": 11.2e-6, "tree": 4.0e-6, "mpi": 1.6e-6, "shm": 9.8e-6,
+           "hierarchical": 9.8e-6},
+    cache_bytes=16 << 20,
     cores=2,
 )
 # Across hosts when the profile has no measurement of it (calibrated on one host): 10 Gbit/s
@@ -185,33 +186,36 @@ class Model:
         return total
 
     def _allreduce_tree(self, n):
-        p = self.shape.ranks
+        """Round r (from the leaves) has only the ranks with the r lowest bits clear at work: the
+        crowding of the host is that of the ranks active in the round."""
+        p, k = self.shape.ranks, self.shape.local
         rounds = math.ceil(math.log2(p)) if p > 1 else 0
         crossing = math.ceil(math.log2(self.shape.hosts)) if self.shape.hosts > 1 else 0
         ws = self._working_set(n, 1 + rounds)
-        total = 0.0
+        total, crowding = 0.0, self.crowding
         for index in range(rounds):
+            self.crowding = max(1.0, min(k, 2 * math.ceil(k / 2 ** (index + 1))) / self.p.cores)
             across = index >= rounds - crossing  # the largest spans of the tree join hosts
             total += 2 * self._send(n, across, ws) + self._combine(n, ws)
+        self.crowding = crowding
         return total
 
     def _allreduce_shm(self, n):
         """Each piece: a rank copies the slices the others reduce into its slot of the segment,
-        reduces its own slice reading the other ranks' slots, and copies every reduced slice out.
-        Reading what another core wrote costs half what a message between processes costs per byte
-        (the link's exchange rate, every rank reading at once; MPI moves a message through shared
-        memory in two copies, one of them across cores); the rest are copies and reductions on this
-        core."""
+        reduces its own slice from every rank's slot, and copies every reduced slice out. The
+        segment's pieces are small and stay in the cache, so every copy and reduction has one
+        side in the cache and the array's side in its own regime."""
         k = self.shape.local
         if k == 1:
             return 0.0
         pieces = max(1, math.ceil(n / self.p.shm_piece_bytes))
         ws = self._working_set(n, 1.0)
         others = (k - 1) / k * n
-        link = self.p.host
-        cross_core = (link.exchange or link.beta).at(ws, self.p.cache_bytes) / 2
-        return (pieces * 2 * self._barrier() + 2 * others * cross_core * self.crowding
-                + self._copy(others + n / k, ws) + self._combine(others, ws))
+        return (pieces * 2 * self._barrier() + (others + n) * self._half_cached(self.p.copy, ws)
+                + others * self._half_cached(self.p.combine, ws))
+
+    def _half_cached(self, per_byte, working_set):
+        return (per_byte.cache + per_byte.at(working_set, self.p.cache_bytes)) / 2 * self.crowding
 
     def _allreduce_hierarchical(self, n):
         """Shared memory inside each host, piece by piece; each piece's slices cross the hosts on
