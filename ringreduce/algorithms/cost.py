@@ -6,7 +6,7 @@ across hosts); a reduction costs gamma per byte combined; each family has a fixe
 (its Python around the messages). Two facts of real machines are in it too, because without them
 no one set of parameters predicts both 64 KiB and 256 MiB: per-byte costs are several times lower
 while the working set fits the last-level cache than when it streams from memory, and ranks beyond
-a host's cores share them, so the host-side work of each slows by local ranks / cores. A link
+a host's cores share them, so the host-side work of each slows by ceil(local ranks / cores). A link
 across hosts is shared by the ranks of a host that cross it at the same time.
 
 The numbers come from a Profile: measured on the job's machines (calibration.py, `rrun
@@ -120,7 +120,9 @@ class Model:
 
     def __init__(self, profile, shape):
         self.p, self.shape = profile, shape
-        self.crowding = max(1.0, shape.local / profile.cores)
+        # Collectives go in lock step: each phase ends when the busiest core has run all of its
+        # ranks' shares, so 3 ranks on 2 cores take as long as 4.
+        self.crowding = max(1, math.ceil(shape.local / profile.cores))
 
     # --- the pieces every family is made of
 
@@ -194,7 +196,7 @@ class Model:
         ws = self._working_set(n, 1 + rounds)
         total, crowding = 0.0, self.crowding
         for index in range(rounds):
-            self.crowding = max(1.0, min(k, 2 * math.ceil(k / 2 ** (index + 1))) / self.p.cores)
+            self.crowding = max(1, math.ceil(min(k, 2 * math.ceil(k / 2 ** (index + 1))) / self.p.cores))
             across = index >= rounds - crossing  # the largest spans of the tree join hosts
             total += 2 * self._send(n, across, ws) + self._combine(n, ws)
         self.crowding = crowding
