@@ -90,7 +90,8 @@ def main():
             measured[name, nbytes].append(seconds(comm, built[name], nbytes, args.budget))
             predicted[name, nbytes].append(model.allreduce(name, nbytes))
     if comm.rank == 0:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=pathlib.Path(__file__).parent).stdout.strip()
         with RESULTS.open("a") as out:
             for name, nbytes in cases:
                 row = {"label": args.label, "commit": commit, "date": time.strftime("%Y-%m-%d"), "ranks": place.size,
