@@ -16,10 +16,11 @@ pytestmark = pytest.mark.mpi
 SMALL_PIECES = {"RINGREDUCE_SHM_PIECE_BYTES": "12345", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}
 # The families whose latency grows with log2 of the ranks, at every rank count from 1 to 8: one job
 # per rank count runs every case under each (ringreduce started again for each), every call through
-# the engine (the 10M-element case takes their pipelined paths; tests/test_algorithms.py has every
-# piece size on threads).
+# the engine and as a collective of its own (no fusion), the allreduce cases submitted together so
+# that 8 ranks on 2 cores negotiate them at once (the 10M-element case takes the pipelined paths;
+# tests/test_algorithms.py has every piece size on threads).
 LOG_FAMILIES = ("halving_doubling", "tree")
-LOG_ENV = {"RINGREDUCE_PROGRAM_ORDER": "0"}
+LOG_ENV = {"RINGREDUCE_PROGRAM_ORDER": "0", "RINGREDUCE_FUSION_THRESHOLD": "0", "COLLECTIVES_TOGETHER": "1"}
 CONFIGS = [
     ("auto-1", 1, {}, "mpich", ()),
     ("auto-2", 2, {}, "mpich", ()),
