@@ -350,6 +350,8 @@ def test_auto_follows_the_cost_model_of_the_default_profile():
                                                      _topology(8, 2, 4))["allreduce"]}
     forced = plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "1"}), _topology(8, 2, 4))["allreduce"]
     assert {f for _, f in forced} <= {"hierarchical", "mpi"} and forced[-1][1] == "hierarchical"
+    # On one host there is nothing to be hierarchical about: shared memory, as without the switch.
+    assert plan(Config.from_env({"RINGREDUCE_HIERARCHICAL": "1"}), _topology(4, 1, 4)) == one_host
     for table in (one_host, hosts):
         for rows in table.values():
             assert rows[0][0] == 0 and [start for start, _ in rows] == sorted({start for start, _ in rows})

@@ -309,7 +309,7 @@ class Model:
         RINGREDUCE_HIERARCHICAL, None unless set)."""
         one_host = self.shape.hosts == 1
         if collective == "allreduce":
-            if hierarchical:
+            if hierarchical and not one_host:
                 return ["hierarchical", "mpi"]
             names = ["mpi", "ring", "halving_doubling", "tree"]
             if one_host:
