@@ -176,8 +176,8 @@ elif mode == "topk":
     trajectory, wire = [], []
     for step in range(4):
         optimizer.zero_grad()
+        before = rr.engine_stats()["bytes"]  # before backward: its hooks submit, and the engine may run them at once
         (w * torch.from_numpy(torch_cases.feedback_gradient(rank, step))).sum().backward()
-        before = rr.engine_stats()["bytes"]
         optimizer.step()
         wire.append(rr.engine_stats()["bytes"] - before)
         trajectory.append(w.detach().clone())
