@@ -64,7 +64,7 @@ def _one(comm, family, buf):
 def probe_on_two(comm):
     """The probe on ranks 0 and 1 (what `rrun -np 2 --calibrate` measures), the others waiting."""
     pair = comm.Split(0 if comm.rank < 2 else MPI.UNDEFINED, comm.rank)
-    profile = calibration.measure(pair) if pair != MPI.COMM_NULL else None
+    profile = calibration.measure(pair)[0] if pair != MPI.COMM_NULL else None
     wait_all([comm.Ibarrier()])
     return comm.bcast(profile, root=0)
 

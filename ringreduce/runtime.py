@@ -77,7 +77,7 @@ def _cost_profile(comm, config):
     """The cost model's profile, the same on every rank (ranks that chose differently would wait
     for each other forever): measured now when RINGREDUCE_CALIBRATE asks, else rank 0's saved one."""
     if config.calibrate:
-        return calibration.measure(comm, piece_bytes=config.shared_memory_piece_bytes)
+        return calibration.measure(comm, piece_bytes=config.shared_memory_piece_bytes)[0]
     loaded = None
     if comm.rank == 0:
         try:

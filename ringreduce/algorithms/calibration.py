@@ -36,8 +36,8 @@ ACROSS = (256 << 10, 4 << 20)  # a slow network link's cost per byte is the same
 
 
 def measure(comm, piece_bytes=1 << 20):
-    """A cost.Profile fitted on `comm`'s ranks (collective: every rank calls it, every rank gets
-    the same profile)."""
+    """(cost.Profile fitted on `comm`'s ranks, their cost.Shape); collective: every rank calls it,
+    every rank gets the same profile."""
     place, host_comm, cross_comm = topology.discover(comm)
     probe = _Probe(comm, place)
     # Half the last-level cache: a collective's arrays share it with the segment, the scratch and
@@ -57,7 +57,8 @@ def measure(comm, piece_bytes=1 << 20):
     families = _families(comm, segment, cross_comm, place)
     draft = dataclasses.replace(draft, mpi=dataclasses.replace(
         mpi, exchange=probe.mpi_per_byte(families["mpi"], draft, place)))
-    model = cost.Model(draft, cost.Shape(place.size, place.hosts, place.homogeneous))
+    shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+    model = cost.Model(draft, shape)
     calls = {name: max(0.0, probe.call(family) - getattr(model, "_allreduce_" + name)(8))
              for name, family in families.items()}
     if segment is not None:
@@ -68,7 +69,7 @@ def measure(comm, piece_bytes=1 << 20):
         host = dataclasses.replace(draft.host, crowded_alpha=probe.crowded(*pair, *probe.ours()))
         mpi = dataclasses.replace(draft.mpi, crowded_alpha=probe.crowded(*pair, *probe.mpis()))
         draft = dataclasses.replace(draft, host=host, mpi=mpi)
-    return dataclasses.replace(draft, calls=calls)
+    return dataclasses.replace(draft, calls=calls), shape
 
 
 def _families(comm, segment, cross_comm, place):
@@ -95,7 +96,6 @@ class _Probe:
     def __init__(self, comm, place):
         self.comm, self.place = comm, place
         self.transport = MPITransport(comm)
-        self.ranks_of_host = comm.allgather(place.cross_rank if place.local_rank == 0 else None)
 
     def agreed(self, value):
         """Rank 0's value, on every rank (hosts may differ; the model takes one)."""
@@ -228,7 +228,7 @@ class _Probe:
         hosts the network hides it: there it is taken as ringreduce's own exchanges'."""
         if place.hosts > 1:
             return draft.host.exchange
-        shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+        shape = cost.Shape(place.size)
         measured = [self._allreduce_seconds(family, n, max(3, min(30, (64 << 20) // n))) for n in (IN_CACHE,
                                                                                                     FROM_MEMORY)]
 
@@ -265,13 +265,11 @@ def main(argv=None):
     parser.add_argument("--save", default=None, help="where to save the profile (default: %(default)s)")
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
-    place, _, _ = topology.discover(comm)
-    profile = measure(comm)
+    profile, shape = measure(comm)
     if comm.rank == 0:
         path = cost.save(profile, args.save)
-        print(f"ringreduce: saved the profile measured on {place.size} ranks, {place.hosts} host(s) to {path}")
-        print(cost.explain(dataclasses.replace(profile, source=str(path)),
-                           cost.Shape(place.size, place.hosts, place.homogeneous)))
+        print(f"ringreduce: saved the profile measured on {shape.ranks} ranks, {shape.hosts} host(s) to {path}")
+        print(cost.explain(dataclasses.replace(profile, source=str(path)), shape))
 
 
 if __name__ == "__main__":

@@ -118,11 +118,12 @@ ASSUMED_NETWORK = Link(25e-6, PerByte(8e-10, 8e-10))
 class Model:
     """Predicted seconds of each collective under each family, for one Profile and job Shape."""
 
-    def __init__(self, profile, shape):
+    def __init__(self, profile, shape, active=None):
+        """`active`: the ranks per host at work at once, if fewer than all of them."""
         self.p, self.shape = profile, shape
         # Collectives go in lock step: each phase ends when the busiest core has run all of its
         # ranks' shares, so 3 ranks on 2 cores take as long as 4.
-        self.crowding = max(1, math.ceil(shape.local / profile.cores))
+        self.crowding = max(1, math.ceil((active or shape.local) / profile.cores))
 
     # --- the pieces every family is made of
 
@@ -162,12 +163,11 @@ class Model:
     def allreduce(self, family, n):
         return self.p.calls.get(family, 0.0) + getattr(self, "_allreduce_" + family)(n)
 
-    def _allreduce_ring(self, n, shape=None):
-        shape = shape or self.shape
-        p = shape.ranks
+    def _allreduce_ring(self, n):
+        p = self.shape.ranks
         if p == 1:
             return 0.0
-        ws, across, m = self._working_set(n), shape.hosts > 1, n / p
+        ws, across, m = self._working_set(n), self.shape.hosts > 1, n / p
         return 2 * (p - 1) * self._send(m, across, ws, exchange=True) + (p - 1) * self._combine(m, ws)
 
     def _allreduce_halving_doubling(self, n, link=None):
@@ -194,12 +194,11 @@ class Model:
         rounds = math.ceil(math.log2(p)) if p > 1 else 0
         crossing = math.ceil(math.log2(self.shape.hosts)) if self.shape.hosts > 1 else 0
         ws = self._working_set(n, 1 + rounds)
-        total, crowding = 0.0, self.crowding
+        total = 0.0
         for index in range(rounds):
-            self.crowding = max(1, math.ceil(min(k, 2 * math.ceil(k / 2 ** (index + 1))) / self.p.cores))
+            at_work = Model(self.p, self.shape, active=min(k, 2 * math.ceil(k / 2 ** (index + 1))))
             across = index >= rounds - crossing  # the largest spans of the tree join hosts
-            total += 2 * self._send(n, across, ws) + self._combine(n, ws)
-        self.crowding = crowding
+            total += 2 * at_work._send(n, across, ws) + at_work._combine(n, ws)
         return total
 
     def _allreduce_shm(self, n):
@@ -238,8 +237,7 @@ class Model:
             return self._allreduce_halving_doubling(n, link=self.p.mpi)
         k, ws = self.shape.local, self._working_set(n)
         inside = math.ceil(math.log2(k)) * (2 * self._send(n, False, ws, link=self.p.mpi) + self._combine(n, ws))
-        leaders = Model(self.p, Shape(self.shape.hosts, self.shape.hosts))
-        leaders.crowding = self.crowding
+        leaders = Model(self.p, Shape(self.shape.hosts, self.shape.hosts))  # the others wait meanwhile
         return inside + leaders._allreduce_halving_doubling(n, link=self.p.mpi)
 
     # --- the other collectives (n: the bytes of the whole result)
