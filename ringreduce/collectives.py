@@ -176,7 +176,7 @@ def join(device=-1, process_set=global_process_set):
     handle = Handle("join", domain.engine.waiters)
     domain.engine.join(handle)
     if domain.ordered is not None:
-        domain.ordered.answer_as_joined(handle.done)
+        domain.ordered.answer_as_joined(handle)
     return domain.ranks[handle.wait()]
 
 

@@ -46,6 +46,7 @@ MAX_RANKS = 8  # above this, sending every peer a message costs more than the en
 DATA_BYTES = 64 << 10  # the most data a rank sends its peers together for one call
 _TAG = 1
 _JOINED = 1  # flags: the sender has joined and stands in with the op's identity
+_ENDED = 2  # flags: the join has ended for the sender; what it sends next is a call after the join
 # flags, length of the pickled Message, call number, seconds waited for the others in the call before
 _PREFIX = struct.Struct("<BxxxIQd")
 _ALIGN = 8
@@ -254,17 +255,35 @@ class ProgramOrder:
             ops.scale_result(result, message.op, self.size, message.postscale)
         return result
 
-    def answer_as_joined(self, done):
-        """Until done(): answer every plain allreduce of the others as a joined rank (with the op's
-        identity), adopting their call count, so that this rank is in step once all have joined."""
-        answer = bytearray(_PREFIX.size)
+    def answer_as_joined(self, join):
+        """While the `join` handle is pending, answer every plain allreduce of the others as a joined
+        rank (with the op's identity), adopting the highest call count among them, so that this rank
+        is in step once all have joined. Ranks see the join end at different moments, and one that has seen it may
+        make its next plain call at once: so each rank tells every peer that its join has ended,
+        in a packet that comes before any later call of its own (MPI keeps a pair's messages in
+        order), and answers a peer's packets only until that peer's end has come."""
+        answer, end = bytearray(_PREFIX.size), bytearray(_PREFIX.size)
         _PREFIX.pack_into(answer, 0, _JOINED, 0, 0, 0.0)
+        unheard = set(self.peers)  # peers whose end of the join has not come
+        told = False
         found = []
 
         def arrived():
-            incoming = None if done() else self.comm.Improbe(MPI.ANY_SOURCE, _TAG, self._status)
-            found[:] = [] if incoming is None else [incoming]
-            return incoming is not None or done()
+            nonlocal told
+            if not told and join.done():
+                if not join.succeeded():
+                    return True  # its error is the caller's to raise
+                _PREFIX.pack_into(end, 0, _ENDED, 0, self.calls, 0.0)
+                for peer in self.peers:
+                    self.comm.Send(end, peer, _TAG)
+                told = True
+            found.clear()
+            for peer in unheard:  # not ANY_SOURCE: a peer's packets after its end are not the join's
+                incoming = self.comm.Improbe(peer, _TAG, self._status)
+                if incoming is not None:
+                    found.append(incoming)
+                    return True
+            return told and not unheard
 
         with self.engine.waiters:
             while True:
@@ -272,7 +291,10 @@ class ProgramOrder:
                 if not found:
                     return
                 packet = self._take(found[0])
-                self.calls = packet.calls + 1
+                if packet.flags & _ENDED:
+                    unheard.discard(packet.peer)
+                    continue
+                self.calls = max(self.calls, packet.calls + 1)  # peers' packets come in any order
                 self.comm.Send(answer, packet.peer, _TAG)
 
     def stranded(self):
@@ -282,7 +304,7 @@ class ProgramOrder:
         if incoming is None:
             return None
         packet = self._take(incoming)
-        if packet.flags & _JOINED:
+        if packet.flags & (_JOINED | _ENDED):
             return None
         message = pickle.loads(packet.buffer[_PREFIX.size:_PREFIX.size + packet.length])
         return (f"rank {self.ranks[self.me]} shut down while rank {self.ranks[packet.peer]} waited in plain "

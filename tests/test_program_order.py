@@ -70,6 +70,15 @@ def test_a_joined_rank_answers_plain_calls_small_and_large(tmp_path):
             np.testing.assert_array_equal(got[rank][f"large-{step}"], np.full(50_000, (step + 1.0) * present / size))
 
 
+def test_a_plain_call_right_after_join_pairs_with_the_others_plain_call(tmp_path):
+    """A rank that sees the join end first may call again before the others have stopped
+    answering as joined ranks: that call is not answered with the identity."""
+    size = 3
+    _, reports, _ = run(size, "rejoin", tmp_path, arrays=False)
+    for rank in range(size):
+        assert reports[rank]["after"] == [size] * 300, rank
+
+
 def test_a_rank_waiting_in_a_plain_call_is_judged_by_what_it_waits_for(tmp_path):
     """Rank 1's async allgather is a deadlock (rank 0 will never submit it): rank 1 gets the error;
     rank 0's plain call is no deadlock, it waits for rank 1's plain call, which then comes."""

@@ -44,6 +44,9 @@ class Handle:
     def done(self):
         return not self._pending.locked()
 
+    def succeeded(self):
+        return self.done() and self._error is None
+
     def wait(self):
         if self._waiters is not None and self._pending.locked():
             with self._waiters, self._pending:

@@ -7,6 +7,8 @@ results: plain allreduces of every dtype and op, small (in program order) and la
   last rank (of the last alone at 2 ranks), scaled, in place, of a scalar; barriers; and the async
   form of the same call.
 join: rank r makes 2 + r steps of a small and a large plain allreduce, then joins.
+rejoin: 300 rounds of: rank r makes (round + r) % size plain allreduces, joins, and at once makes
+  one more (the ranks see the join end at different moments; the call must pair with the others').
 elsewhere: rank 0 waits in a plain allreduce while rank 1 waits in an async allgather that rank 0
   never submits; rank 1 gets the DeadlockError, then makes the plain call, which rank 0 then ends.
 left: rank 1 shuts down while rank 0 waits in a plain allreduce.
@@ -79,6 +81,14 @@ elif mode == "join":
         arrays[f"large-{step}"] = rr.allreduce(np.full(50_000, step + 1.0), op=rr.Average)
     report["last"] = rr.join()
     report["after"] = rr.allreduce(np.ones(2), op=rr.Sum).tolist()
+
+elif mode == "rejoin":
+    report["after"] = []
+    for round_ in range(300):
+        for _ in range((round_ + rank) % size):
+            rr.allreduce(np.ones(3), op=rr.Sum)
+        rr.join()
+        report["after"].append(rr.allreduce(np.ones(1), op=rr.Sum).item())
 
 elif mode == "elsewhere":
     if rank == 0:

@@ -1,11 +1,12 @@
 """Property-based checks of the collectives' input handling, on every rank at once.
 
-Hypothesis runs derandomized, so every rank draws the same examples in the same order and makes
+Rank 0 draws the examples with Hypothesis and sends each to the others, so that every rank makes
 the same calls; rank r contributes the drawn values times (r + 1). Each call must give the numpy
 reference or raise a clear error of the documented type. Usage: properties.py EXAMPLES."""
 
 import os
 import sys
+import traceback
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -59,8 +60,42 @@ def every_rank(spec):
     return [np.asarray(build(spec, r)) for r in range(size)]
 
 
-@SETTINGS
-@given(inputs(), st.sampled_from(["Sum", "Max", "Min", "Product", "Average"]))
+def on_every_rank(*strategies):
+    """Rank 0 draws each example and broadcasts it; every rank runs the check with it, and the
+    example fails where it fails on any rank, so that Hypothesis shrinks on what all of them saw.
+    Why not let each rank draw: Hypothesis does not promise the same examples in two processes,
+    even derandomized (in CI two ranks once drew different names), and ranks whose calls differ
+    fail with a MismatchError or wait for each other."""
+    def decorate(check):
+        def outcome(example):
+            try:
+                check(*example)
+            except Exception:
+                return f"rank {rank}: {traceback.format_exc()}"
+            return None
+
+        def draw_on_rank_0():
+            def drawn(example):
+                rr.broadcast_object(example)
+                failures = [text for text in rr.allgather_object(outcome(example)) if text]
+                assert not failures, "\n".join(failures)
+            drawn.__name__ = check.__name__  # what Hypothesis's report of a falsifying example names
+            try:
+                SETTINGS(given(st.tuples(*strategies))(drawn))()
+            finally:
+                rr.broadcast_object(None)  # the end of the examples
+
+        def follow_rank_0():
+            while (example := rr.broadcast_object(None)) is not None:
+                rr.allgather_object(outcome(example))
+
+        runner = draw_on_rank_0 if rank == 0 else follow_rank_0
+        runner.__name__ = check.__name__
+        return runner
+    return decorate
+
+
+@on_every_rank(inputs(), st.sampled_from(["Sum", "Max", "Min", "Product", "Average"]))
 def allreduce_matches_numpy_or_fails_clearly(spec, op):
     array = np.asarray(build(spec, rank))
     try:
@@ -81,8 +116,7 @@ def allreduce_matches_numpy_or_fails_clearly(spec, op):
     np.testing.assert_array_equal(result, want)
 
 
-@SETTINGS
-@given(inputs(), st.integers(-1, size))
+@on_every_rank(inputs(), st.integers(-1, size))
 def gathers_and_broadcasts_match_numpy_or_fail_clearly(spec, root):
     array = np.asarray(build(spec, rank))
     supported = array.dtype.name in SUPPORTED
@@ -105,8 +139,7 @@ def gathers_and_broadcasts_match_numpy_or_fail_clearly(spec, root):
         assert not 0 <= root < size and f"root_rank {root} is not a rank of this job" in str(error), error
 
 
-@SETTINGS
-@given(st.text(min_size=1, max_size=30))
+@on_every_rank(st.text(min_size=1, max_size=30))
 def any_name_works(name):
     np.testing.assert_array_equal(rr.allreduce(np.ones(2) * (rank + 1), op=rr.Sum, name=name),
                                   np.full(2, size * (size + 1) / 2))
