@@ -126,7 +126,11 @@ class TopK(Compressor):
     """Top-k sparsification, the part the frameworks share: only the `ratio` of a tensor's entries
     largest in magnitude travel (at least one), as indices and values, which the ranks gather and
     add up rather than reduce in place. Wrap it in error feedback so that the rest is sent later,
-    not lost. Each binding's subclass makes its own sparse form."""
+    not lost. Each binding's subclass makes its own sparse form.
+
+    Vectors (biases, normalisation scales) travel whole and are averaged, as in DGC's reference
+    code: they are a small share of a model's bytes, and 1 % of a few dozen entries is one entry
+    a step, so they would hardly move."""
 
     gathers = True  # what it compresses to is combined by allgather
 
@@ -138,6 +142,11 @@ class TopK(Compressor):
     def count(self, size):
         """How many of `size` entries travel."""
         return max(1, round(size * self.ratio))
+
+    @staticmethod
+    def whole(ndim):
+        """Does a tensor of `ndim` dimensions travel whole (averaged, not sparsified)?"""
+        return ndim < 2
 
 
 class Compression:

@@ -81,7 +81,8 @@ def test_tensorflow_error_feedback_and_dgc_keep_their_state_inside_tf_function_a
     tf = pytest.importorskip("tensorflow")
     from ringreduce.tensorflow.compression import Compression as TFCompression
 
-    steps = [np.array([1.0, -4.0, 2.0, 0.5], np.float32), np.ones(4, np.float32), np.full(4, -0.5, np.float32)]
+    steps = [np.array([[1.0, -4.0], [2.0, 0.5]], np.float32), np.ones((2, 2), np.float32),
+             np.full((2, 2), -0.5, np.float32)]
     for make, expected in ((lambda: TFCompression.error_feedback(TFCompression.topk(0.25)),
                             [[0, -4, 0, 0], [0, 0, 3, 0], [1.5, 0, 0, 0]]),
                            (lambda: TFCompression.dgc(ratio=0.25, momentum=0.5),
@@ -89,8 +90,8 @@ def test_tensorflow_error_feedback_and_dgc_keep_their_state_inside_tf_function_a
         eager, graph = make(), make()
         in_graph = tf.function(lambda g, c=graph: c.decompress(*c.compress(g, "w")))
         for step, want in zip(steps, expected, strict=True):
-            np.testing.assert_allclose(eager.decompress(*eager.compress(tf.constant(step), "w")).numpy(), want)
-            np.testing.assert_allclose(in_graph(tf.constant(step)).numpy(), want)
+            np.testing.assert_allclose(eager.decompress(*eager.compress(tf.constant(step), "w")).numpy().ravel(), want)
+            np.testing.assert_allclose(in_graph(tf.constant(step)).numpy().ravel(), want)
         for name, value in eager.state_dict().items():
             np.testing.assert_array_equal(value["w"], graph.state_dict()[name]["w"])
         restored = make()
@@ -118,15 +119,51 @@ def test_dgc_sends_the_largest_accumulated_momentum_and_restarts_those_entries()
     torch = pytest.importorskip("torch")
     from ringreduce.torch.compression import Compression as TorchCompression
 
-    dgc = TorchCompression.dgc(ratio=0.25, momentum=0.5)  # 1 of 4 entries travels
-    sparse, shape = dgc.compress(torch.tensor([1.0, -4.0, 2.0, 0.5]), "w")
-    assert dgc.decompress(sparse, shape).tolist() == [0.0, -4.0, 0.0, 0.0]
-    assert dgc.velocities["w"].tolist() == dgc.accumulated["w"].tolist() == [1.0, 0.0, 2.0, 0.5]
+    def flat(tensor):
+        return tensor.reshape(-1).tolist()
+
+    dgc = TorchCompression.dgc(ratio=0.25, momentum=0.5)  # 1 of a 2 x 2 matrix's 4 entries travels
+    sparse, shape = dgc.compress(torch.tensor([[1.0, -4.0], [2.0, 0.5]]), "w")
+    assert flat(dgc.decompress(sparse, shape)) == [0.0, -4.0, 0.0, 0.0] and shape == (2, 2)
+    assert flat(dgc.velocities["w"]) == flat(dgc.accumulated["w"]) == [1.0, 0.0, 2.0, 0.5]
     # u = 0.5 u + g = [1.5, 1, 2, 1.25]; v = v + u = [2.5, 1, 4, 1.75]: index 2 travels.
-    sparse, shape = dgc.compress(torch.ones(4), "w")
-    assert dgc.decompress(sparse, shape).tolist() == [0.0, 0.0, 4.0, 0.0]
-    assert dgc.velocities["w"].tolist() == [1.5, 1.0, 0.0, 1.25]
-    assert dgc.accumulated["w"].tolist() == [2.5, 1.0, 0.0, 1.75]
+    sparse, shape = dgc.compress(torch.ones(2, 2), "w")
+    assert flat(dgc.decompress(sparse, shape)) == [0.0, 0.0, 4.0, 0.0]
+    assert flat(dgc.velocities["w"]) == [1.5, 1.0, 0.0, 1.25]
+    assert flat(dgc.accumulated["w"]) == [2.5, 1.0, 0.0, 1.75]
     restored = TorchCompression.dgc(ratio=0.25, momentum=0.5)
     restored.load_state_dict(dgc.state_dict())
-    assert restored.accumulated["w"].tolist() == [2.5, 1.0, 0.0, 1.75]
+    assert flat(restored.accumulated["w"]) == [2.5, 1.0, 0.0, 1.75]
+
+
+def test_top_k_and_dgc_send_a_vector_whole():
+    """A bias travels as it is (top-k) or as its momentum u = momentum u + g (DGC), dense, with
+    nothing accumulated or kept back: 1 % of a vector of a few dozen entries would hardly move it."""
+    torch = pytest.importorskip("torch")
+    from ringreduce.torch.compression import Compression as TorchCompression
+
+    bias = torch.tensor([1.0, -4.0, 2.0, 0.5])
+    sent, shape = TorchCompression.topk(0.25).compress(bias)
+    assert sent is bias and not sent.is_sparse
+    feedback = ErrorFeedback(TorchCompression.topk(0.25))
+    assert feedback.decompress(*feedback.compress(bias, "b")).tolist() == bias.tolist()
+    assert feedback.residuals["b"].tolist() == [0.0] * 4
+    dgc = TorchCompression.dgc(ratio=0.25, momentum=0.5)
+    assert dgc.decompress(*dgc.compress(bias, "b")).tolist() == [1.0, -4.0, 2.0, 0.5]
+    assert dgc.decompress(*dgc.compress(torch.ones(4), "b")).tolist() == [1.5, -1.0, 2.0, 1.25]
+    assert "b" not in dgc.accumulated
+
+
+def test_tensorflow_top_k_and_dgc_send_a_vector_whole_eagerly_and_inside_tf_function():
+    tf = pytest.importorskip("tensorflow")
+    from ringreduce.tensorflow.compression import Compression as TFCompression
+
+    bias = tf.constant([1.0, -4.0, 2.0, 0.5])
+    sent, _ = TFCompression.topk(0.25).compress(bias)
+    assert not isinstance(sent, tf.IndexedSlices) and sent is bias
+    eager, graph = TFCompression.dgc(ratio=0.25, momentum=0.5), TFCompression.dgc(ratio=0.25, momentum=0.5)
+    in_graph = tf.function(lambda g: graph.decompress(*graph.compress(g, "b")))
+    for step, want in ((bias, [1.0, -4.0, 2.0, 0.5]), (tf.ones(4), [1.5, -1.0, 2.0, 1.25])):
+        np.testing.assert_allclose(eager.decompress(*eager.compress(step, "b")).numpy(), want)
+        np.testing.assert_allclose(in_graph(step).numpy(), want)
+    assert "b" not in eager.accumulated and "b" not in graph.accumulated

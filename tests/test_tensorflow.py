@@ -192,7 +192,7 @@ def test_a_gradient_missing_on_one_rank_is_an_error_naming_it(misc):
         assert "is None on rank 1 but not on rank 0" in got["none_error"]
 
 
-def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up(misc):
+def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up_and_a_vector_whole(misc):
     kept = []
     for rank in range(2):
         values = tf_cases.topk_input(rank)
@@ -201,6 +201,10 @@ def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up(misc):
     for got in misc:
         np.testing.assert_allclose(got["topk"], kept[0] + kept[1], rtol=1e-6)
         np.testing.assert_allclose(got["topk_graph"], (kept[0] + kept[1]) / 2, rtol=1e-6)
+        vectors = [tf_cases.topk_input(rank)[0] for rank in range(2)]  # travel whole
+        for key, scale in (("topk_grouped", 1), ("topk_grouped_graph", 2)):
+            np.testing.assert_allclose(got[key][0], (kept[0] + kept[1]) / scale, rtol=1e-6)
+            np.testing.assert_allclose(got[key][1], (vectors[0] + vectors[1]) / scale, rtol=1e-6)
 
 
 def test_error_feedback_inside_tf_function_sends_what_it_kept_back_at_the_next_call(misc):

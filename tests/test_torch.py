@@ -73,7 +73,8 @@ def test_error_feedback_around_fp16_steps_exactly_as_computed_here(tmp_path):
 
 def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps_the_rest(tmp_path):
     """Each rank sends the 6 entries of its corrected gradient largest in magnitude (indices and
-    values, gathered), keeps the rest for the next step, and the mean of what was sent is applied."""
+    values, gathered), keeps the rest for the next step, and the mean of what was sent is applied;
+    a bias vector travels whole and gets the plain mean."""
     job = run_job(2, "torch_misc.py", "topk", tmp_path, timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     w, residuals, trajectory = np.zeros(64, np.float32), [np.zeros(64, np.float32)] * 2, []
@@ -84,34 +85,32 @@ def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps
         residuals = [c - s for c, s in zip(corrected, sent, strict=True)]
         w = w - (sent[0] / np.float32(2) + sent[1] / np.float32(2))
         trajectory.append(w)
+    biases = np.cumsum([-(torch_cases.feedback_gradient(0, s)[:4] + torch_cases.feedback_gradient(1, s)[:4]) / 2
+                        for s in range(4)], axis=0, dtype=np.float32)
     for rank in range(2):
         got = load(tmp_path, rank)
         np.testing.assert_array_equal(got["trajectory"].numpy(), np.stack(trajectory))
         np.testing.assert_array_equal(got["residual"].numpy(), residuals[rank])
-        assert got["wire"] == [6 * (8 + 4)] * 4  # per step: 6 int64 indices and 6 float32 values from each rank
-
-
-# Slower to converge than synchronous SGD at 5 epochs, with how many points below it they may end
-# (measured on this seed: 16 and 1.1; docs/communication.md has them at 5, 10 and 20 epochs): top-k sends 1 %
-# of the entries a step. Over six seeds the two average 14 and 6.5 points below (the same docs).
-SLOWER = {"top-k 1 % with error feedback": 20, "top-k 1 % with DGC's momentum correction": 2}
+        np.testing.assert_allclose(got["biases"].numpy(), biases, rtol=1e-6)
+        # per step: 6 int64 indices and 6 float32 values from each rank, and the bias's 4 float32
+        assert got["wire"] == [6 * (8 + 4) + 4 * 4] * 4
 
 
 def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
-    """Fixed seeds, 5 epochs at 2 ranks: within 1 point of uncompressed synchronous SGD or above it
-    (the slower ones: within their measured gaps); the negative control (a compressor that sends zeros) shows that the
-    test can fail."""
-    job = run_job(2, "torch_convergence.py", 5, timeout=180)
+    """Fixed seeds (two), 20 epochs at 2 ranks: each option's mean test accuracy within 1 point of
+    uncompressed synchronous SGD's or above it; the negative control (a compressor that sends zeros)
+    shows that the test can fail. 20 epochs, because top-k at 1 % is slow to start: at 5 and 10
+    epochs it is several points behind (docs/communication.md, six seeds at 5, 10 and 20)."""
+    job = run_job(2, "torch_convergence.py", 20, 2, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
-    (accuracy,) = reports(job, 0)
+    (by_seed,) = reports(job, 0)
+    accuracy = {name: sum(values) / len(values) for name, values in by_seed.items()}
     control = accuracy.pop("drop (negative control)")
-    assert accuracy["none"] > 90, accuracy
-    assert {"PowerSGD rank 4", "local SGD H=4"} <= set(accuracy) and set(SLOWER) <= set(accuracy)
+    assert accuracy["none"] > 95, accuracy
+    assert {"PowerSGD rank 1", "PowerSGD rank 4", "local SGD H=4", "stale averaging", "fp16", "bf16",
+            "top-k 1 % with error feedback", "top-k 1 % with DGC's momentum correction"} <= set(accuracy)
     for name, value in accuracy.items():
-        if name in SLOWER:
-            assert value >= accuracy["none"] - SLOWER[name], (name, accuracy)
-        else:
-            assert value >= accuracy["none"] - 1.0, (name, accuracy)
+        assert value >= accuracy["none"] - 1.0, (name, accuracy)
     assert control < accuracy["none"] - 50, control
 
 

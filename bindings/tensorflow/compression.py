@@ -24,9 +24,12 @@ class BF16Compressor(wire.BF16Compressor):
 
 
 class TopKCompressor(wire.TopK):
-    """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is."""
+    """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is;
+    a vector as it is, averaged."""
 
     def compress(self, tensor):
+        if self.whole(tensor.shape.rank):
+            return tensor, tensor.shape
         return self._sparse(tensor)[0], tensor.shape
 
     def _sparse(self, tensor):
@@ -37,6 +40,8 @@ class TopKCompressor(wire.TopK):
         return tf.IndexedSlices(tf.gather(flat, indices), indices, dense_shape=[count]), indices
 
     def decompress(self, slices, shape):
+        if not isinstance(slices, tf.IndexedSlices):
+            return slices
         dense = tf.math.unsorted_segment_sum(slices.values, slices.indices, shape.num_elements())
         return tf.reshape(dense, shape)
 
@@ -81,8 +86,8 @@ class ErrorFeedback(_PerTensorVariables, wire.ErrorFeedback):
 class DGCCompressor(_PerTensorVariables, TopKCompressor):
     """Deep Gradient Compression's momentum correction around top-k, as PyTorch's
     (ringreduce.torch.compression.DGCCompressor): u = momentum u + g, v += u, the `ratio` of v
-    largest in magnitude travels and those entries of u and v start again from zero. Use the
-    optimizer without momentum. Its state differs per rank."""
+    largest in magnitude travels and those entries of u and v start again from zero; a vector
+    sends its u whole. Use the optimizer without momentum. Its state differs per rank."""
 
     per_tensor_state = True
 
@@ -93,8 +98,10 @@ class DGCCompressor(_PerTensorVariables, TopKCompressor):
 
     def compress(self, tensor, name):
         velocity = self._variable(self.velocities, name, tensor)
-        accumulated = self._variable(self.accumulated, name, tensor)
         velocity.assign(self.momentum * velocity + tensor)
+        if self.whole(tensor.shape.rank):
+            return velocity.read_value(), tensor.shape
+        accumulated = self._variable(self.accumulated, name, tensor)
         accumulated.assign_add(velocity)
         sparse, sent = self._sparse(accumulated.read_value())
         for state in (velocity, accumulated):

@@ -61,13 +61,24 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
                                     process_set)
         for index, result in zip(sparse, gathered, strict=True):
             results[index] = result
-    if dense and getattr(compression, "gathers", False):  # top-k: sparse on the wire, gathered
+    if dense and getattr(compression, "gathers", False):  # top-k: sparse on the wire, gathered; vectors whole
         names = grouped_names(name, len(dense)) if grouped else [name]
         packed = wire.compress_all(compression, [_value(tensors[i]) for i in dense], names)
-        gathered = _gathered_slices([slices for slices, _ in packed], op, prescale_factor, postscale_factor, name,
-                                    process_set)
-        for index, slices, (_, ctx) in zip(dense, gathered, packed, strict=True):
-            results[index] = compression.decompress(slices, ctx)
+        sparsified = [k for k, (sent, _) in enumerate(packed) if isinstance(sent, tf.IndexedSlices)]
+        whole = [k for k in range(len(packed)) if k not in sparsified]
+        combined = [None] * len(packed)
+        if sparsified:
+            gathered = _gathered_slices([packed[k][0] for k in sparsified], op, prescale_factor, postscale_factor,
+                                        name, process_set)
+            for k, slices in zip(sparsified, gathered, strict=True):
+                combined[k] = slices
+        if whole:
+            averaged = _combined([packed[k][0] for k in whole], op, Compression.none, prescale_factor,
+                                 postscale_factor, None if name is None else f"{name}.whole", process_set, grouped)
+            for k, tensor in zip(whole, averaged, strict=True):
+                combined[k] = tensor
+        for index, sent, (_, ctx) in zip(dense, combined, packed, strict=True):
+            results[index] = compression.decompress(sent, ctx)
     elif dense:
         values = [_value(tensors[i]) for i in dense]
 

@@ -26,9 +26,12 @@ class BF16Compressor(wire.BF16Compressor):
 
 
 class TopKCompressor(wire.TopK):
-    """Top-k as a sparse COO tensor of the flattened tensor, gathered (indices and values)."""
+    """Top-k as a sparse COO tensor of the flattened tensor, gathered (indices and values); a
+    vector as it is, averaged."""
 
     def compress(self, tensor):
+        if self.whole(tensor.dim()):
+            return tensor, tensor.shape
         return self._sparse(tensor.reshape(-1))[0], tensor.shape
 
     def _sparse(self, flat):
@@ -37,15 +40,16 @@ class TopKCompressor(wire.TopK):
         return torch.sparse_coo_tensor(indices.unsqueeze(0), flat[indices], flat.shape, check_invariants=False), indices
 
     def decompress(self, tensor, shape):
-        return tensor.to_dense().reshape(shape)
+        return (tensor.to_dense() if tensor.is_sparse else tensor).reshape(shape)
 
 
 class DGCCompressor(TopKCompressor):
     """Deep Gradient Compression's momentum correction (Lin et al., 2018) around top-k: each rank
     keeps the momentum of its own gradients (u = momentum u + g) and accumulates it (v += u); the
     `ratio` of v largest in magnitude travels, and those entries of u and v start again from zero.
-    The momentum is applied here, before sparsification, so use the optimizer without momentum.
-    Its state differs per rank (checkpoints keep it per rank)."""
+    The momentum is applied here, before sparsification, so use the optimizer without momentum; a
+    vector sends its u whole, which is momentum SGD's step. Its state differs per rank
+    (checkpoints keep it per rank)."""
 
     per_tensor_state = True
 
@@ -57,9 +61,12 @@ class DGCCompressor(TopKCompressor):
     def compress(self, tensor, name):
         velocity = self.velocities.get(name)
         velocity = tensor.detach().clone() if velocity is None else velocity.mul_(self.momentum).add_(tensor)
+        self.velocities[name] = velocity
+        if self.whole(tensor.dim()):
+            return velocity.clone(), tensor.shape
         accumulated = self.accumulated.get(name)
         accumulated = velocity.clone() if accumulated is None else accumulated.add_(velocity)
-        self.velocities[name], self.accumulated[name] = velocity, accumulated
+        self.accumulated[name] = accumulated
         sparse, sent = self._sparse(accumulated.view(-1))
         velocity.view(-1)[sent] = 0
         accumulated.view(-1)[sent] = 0

@@ -99,7 +99,7 @@ class _DistributedOptimizer:
             return tensors.engine_allreduce_async_(target, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
         compressed, ctx = wire.compress(self._compression, target, name)
-        if getattr(self._compression, "gathers", False):
+        if getattr(self._compression, "gathers", False) and compressed.is_sparse:  # top-k; its vectors are dense
             return _SparseAllreduce(compressed, name, self._op, self._process_set,
                                     lambda combined: target.copy_(self._compression.decompress(combined, ctx)))
         handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,

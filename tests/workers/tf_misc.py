@@ -92,6 +92,12 @@ sparse = tf.constant(tf_cases.topk_input(rank))
 report["topk"] = rr.allreduce(sparse, op=rr.Sum, compression=rr.Compression.topk(0.25), name="topk").numpy().tolist()
 report["topk_graph"] = tf.function(lambda t: rr.allreduce(t, compression=rr.Compression.topk(0.25),
                                                           name="topk.graph"))(sparse).numpy().tolist()
+# Grouped with a vector, eagerly and in a tf.function: the matrix sparsified, the vector whole.
+bias = tf.constant(tf_cases.topk_input(rank)[0])
+report["topk_grouped"] = [t.numpy().tolist() for t in rr.grouped_allreduce(
+    [sparse, bias], op=rr.Sum, compression=rr.Compression.topk(0.25), name="topk.grouped")]
+report["topk_grouped_graph"] = [t.numpy().tolist() for t in tf.function(lambda s, b: rr.grouped_allreduce(
+    [s, b], compression=rr.Compression.topk(0.25), name="topk.grouped.graph"))(sparse, bias)]
 # With error feedback inside a tf.function: a second call with zeros sends the largest of what the
 # first one kept back.
 feedback = rr.Compression.error_feedback(rr.Compression.topk(0.25))

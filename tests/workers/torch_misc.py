@@ -168,20 +168,24 @@ elif mode == "error-feedback":
     save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"]})  # by gradient name
 
 elif mode == "topk":
-    # As error-feedback, with the top 10 % (6 of 64) of each corrected gradient sent, gathered.
-    w = torch.zeros(64, requires_grad=True)
+    # As error-feedback, with the top 10 % (6 of 64) of each corrected gradient of an 8 x 8 matrix
+    # sent, gathered; a bias vector of 4 travels whole, averaged.
+    w, b = torch.zeros(8, 8, requires_grad=True), torch.zeros(4, requires_grad=True)
     feedback = rr.Compression.error_feedback(rr.Compression.topk(0.1))
-    optimizer = rr.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+    optimizer = rr.DistributedOptimizer(torch.optim.SGD([w, b], lr=1.0), named_parameters=[("w", w), ("b", b)],
                                         compression=feedback)
-    trajectory, wire = [], []
+    trajectory, biases, wire = [], [], []
     for step in range(4):
         optimizer.zero_grad()
         before = rr.engine_stats()["bytes"]  # before backward: its hooks submit, and the engine may run them at once
-        (w * torch.from_numpy(torch_cases.feedback_gradient(rank, step))).sum().backward()
+        gradient = torch.from_numpy(torch_cases.feedback_gradient(rank, step))
+        ((w * gradient.reshape(8, 8)).sum() + (b * gradient[:4]).sum()).backward()
         optimizer.step()
         wire.append(rr.engine_stats()["bytes"] - before)
-        trajectory.append(w.detach().clone())
-    save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"], "wire": wire})
+        trajectory.append(w.detach().reshape(-1).clone())
+        biases.append(b.detach().clone())
+    save({"trajectory": torch.stack(trajectory), "biases": torch.stack(biases),
+          "residual": feedback.residuals["grad.w"].reshape(-1), "wire": wire})
 
 elif mode == "powersgd-bfloat16":
     # bfloat16 gradients reach the core as float32 copies: the average must come back into them.
