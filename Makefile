@@ -41,6 +41,7 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/communication.py
+	$(RRUN) -np 2 $(PYTHON) benchmarks/narrow_floats.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/load_balancing.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/elastic.py
 	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/slow_link.sh 1gbit "1 Gbit/s"; \

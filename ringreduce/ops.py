@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 
+from ringreduce import kernels
 from ringreduce.errors import UnsupportedDtypeError
 
 
@@ -62,9 +63,10 @@ def from_average(op, average, stacklevel=3):
     return Average if average else Sum
 
 
-def ufunc(op):
-    """The element-wise numpy function that combines two ranks' values."""
-    return _UFUNCS[op]
+def ufunc(op, dtype=None):
+    """The element-wise function that combines two ranks' values (of `dtype`): numpy's, or for a
+    narrow float the kernel a binding lent (kernels.py)."""
+    return _UFUNCS[op] if dtype is None else kernels.combiner(_UFUNCS[op], op, np.dtype(dtype))
 
 
 def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
@@ -91,7 +93,7 @@ def scale(source, factor, out=None):
         single = source.dtype.kind == "f" and source.dtype.itemsize <= 4
         np.multiply(source, factor, out=target, dtype=np.float32 if single else np.float64, casting="unsafe")
     elif target is not source:
-        np.copyto(target, source, casting="unsafe")
+        kernels.cast_into(target, source)
 
 
 def scale_result(array, op, size, postscale_factor=1.0):

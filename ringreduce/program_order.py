@@ -245,7 +245,7 @@ class ProgramOrder:
             if output is not None:
                 np.copyto(output, plan.mine)
         else:
-            combine = ops.ufunc(message.op)
+            combine = ops.ufunc(message.op, message.dtype)
             result = combine(parts[0], parts[1], out=output)
             if output is None and not isinstance(result, np.ndarray):  # 0-d arrays combine into a scalar
                 result = np.asarray(result)

@@ -34,7 +34,8 @@ LAYERS = (
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
     ("machine", ("ringreduce.machine",)),
-    ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.errors")),
+    ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.kernels",
+                     "ringreduce.errors")),
 )
 # Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the
 # algorithms and what talks to the machine own MPI objects; the engine loop, the negotiation, fusion,

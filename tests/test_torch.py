@@ -96,6 +96,28 @@ def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps
         assert got["wire"] == [6 * (8 + 4) + 4 * 4] * 4
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "shm", "halving_doubling"])
+def test_the_lent_torch_kernels_give_numpys_results_bit_for_bit_through_real_ranks(algorithm, tmp_path):
+    """fp16 and bf16 on the wire and float16 inputs, through each family that reduces in Python:
+    the same bits with torch's kernels lent as with numpy's, and numpy's reference within the
+    narrow float's rounding."""
+    size = 3
+    job = run_job(size, "torch_misc.py", "narrow-kernels", tmp_path, env={"RINGREDUCE_ALGORITHM": algorithm},
+                  timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(size):
+        got = load(tmp_path, rank)
+        assert len(got) == 20
+        for key, value in got.items():
+            if key.startswith("numpy-"):
+                torch.testing.assert_close(got["torch-" + key[len("numpy-"):]], value, rtol=0, atol=0)
+                _, wire, op, count = key.split("-")
+                inputs = [torch_cases.narrow_values(r, int(count)) for r in range(size)]
+                want = np.sum(inputs, axis=0) / (size if op == "Average" else 1)
+                precision = 2.0 ** -7 if wire == "bf16" else 2.0 ** -10
+                np.testing.assert_allclose(value.numpy(), want, rtol=4 * precision, atol=precision * 300)
+
+
 def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
     """Fixed seeds (two), 20 epochs at 2 ranks: each option's mean test accuracy within 1 point of
     uncompressed synchronous SGD's or above it; the negative control (a compressor that sends zeros)

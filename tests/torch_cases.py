@@ -72,3 +72,9 @@ def feedback_gradient(rank, step):
     """A gradient that float16 cannot hold exactly (thirds, of several magnitudes), per rank and step."""
     rng = np.random.default_rng([rank, step])
     return (rng.integers(1, 1000, 64) / 3 * 10.0 ** rng.integers(-3, 1, 64)).astype(np.float32)
+
+
+def narrow_values(rank, count):
+    """float32 values of several magnitudes per rank, whose sums over a few ranks float16 holds."""
+    rng = np.random.default_rng([rank, count])
+    return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 3, count)).astype(np.float32)

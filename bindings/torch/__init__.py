@@ -8,6 +8,7 @@ collectives on tensors, and data-parallel training in two lines.
 """
 
 import ringreduce
+from ringreduce.kernels import lend
 from ringreduce.powersgd import PowerSGD  # noqa: F401
 from ringreduce.torch import checkpoint, elastic  # noqa: F401
 from ringreduce.torch.compression import Compression  # noqa: F401
@@ -22,6 +23,7 @@ from ringreduce.torch.differentiable import (  # noqa: F401
     reducescatter,
 )
 from ringreduce.torch.functions import broadcast_optimizer_state, broadcast_parameters  # noqa: F401
+from ringreduce.torch.kernels import TorchKernels
 from ringreduce.torch.local_sgd import (  # noqa: F401
     HierarchicalModelAverager,
     PeriodicModelAverager,
@@ -50,3 +52,4 @@ from ringreduce.torch.tensors import (  # noqa: F401
 )
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
+lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 4-16x numpy's

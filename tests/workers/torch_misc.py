@@ -187,6 +187,30 @@ elif mode == "topk":
     save({"trajectory": torch.stack(trajectory), "biases": torch.stack(biases),
           "residual": feedback.residuals["grad.w"].reshape(-1), "wire": wire})
 
+elif mode == "narrow-kernels":
+    # numpy allreduces whose wire is float16 or bfloat16 (and float16 inputs), once with numpy's
+    # kernels and once with the torch kernels ringreduce.torch lends the core: saved as float32.
+    import numpy as np
+
+    import ringreduce as core
+    from ringreduce import kernels
+    from ringreduce.torch.kernels import TorchKernels
+
+    results = {}
+    for label, lent in (("numpy", None), ("torch", TorchKernels())):
+        kernels.lend(lent)
+        assert (core.ops.ufunc(core.Sum, np.float16) is np.add) == (lent is None)
+        for count in (1000, 300_000):
+            values = torch_cases.narrow_values(rank, count)
+            for compression in ("fp16", "bf16"):
+                for op in ("Sum", "Average"):
+                    got = core.allreduce(values, op=getattr(core, op),
+                                         compression=getattr(core.Compression, compression))
+                    results[f"{label}-{compression}-{op}-{count}"] = torch.from_numpy(got)
+            halves = core.allreduce(values.astype(np.float16), op=core.Sum)
+            results[f"{label}-float16-Sum-{count}"] = torch.from_numpy(halves.astype(np.float32))
+    save(results)
+
 elif mode == "powersgd-bfloat16":
     # bfloat16 gradients reach the core as float32 copies: the average must come back into them.
     w = torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)
