@@ -112,6 +112,23 @@ def test_the_probe_fits_recover_known_costs():
     assert calibration._solve(lambda x: 3.0 + 7.0 * x, 10.0) == pytest.approx(1.0)
 
 
+def test_the_cache_for_arrays_is_where_copies_slow_down_at_most_the_ceiling():
+    sets = [4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20, 128 << 20]
+    fast, slow = 1 / 30e9, 1 / 14e9  # seconds per byte: this VM's copies up to 32 MiB, and beyond
+    seconds = [n * (fast if n <= 32 << 20 else slow) for n in sets]
+    assert calibration._cache_from_sweep(sets, seconds, 240 << 20) == 32 << 20  # sysfs said 480 MiB
+    assert calibration._cache_from_sweep(sets, seconds, 8 << 20) == 8 << 20
+    assert calibration._cache_from_sweep(sets, [n * fast for n in sets], 240 << 20) == 240 << 20
+    assert calibration._cache_from_sweep(sets, [n * slow * (2 if n > 4 << 20 else 1) for n in sets], 1 << 30) == 4 << 20
+
+
+def test_a_fit_whose_large_probe_lies_mostly_in_cache_takes_its_cost_as_measured():
+    """Solving for the memory's cost would divide the noise by the small share beyond the cache."""
+    sizes = (calibration.IN_CACHE, calibration.FROM_MEMORY)
+    fitted = calibration._fit(sizes, [sizes[0] * 1e-10, sizes[1] * 1.5e-10], lambda n: 4 * n, 240 << 20)
+    assert fitted.cache == pytest.approx(1e-10) and fitted.memory == pytest.approx(1.5e-10)
+
+
 def test_explain_names_every_collective_and_the_parameters():
     text = cost.explain(cost.DEFAULT, cost.Shape(8, hosts=2))
     assert "cost model profile: built in" in text and "assumed" in text

@@ -40,9 +40,11 @@ def measure(comm, piece_bytes=1 << 20):
     every rank gets the same profile."""
     place, host_comm, cross_comm = topology.discover(comm)
     probe = _Probe(comm, place)
-    # Half the last-level cache: a collective's arrays share it with the segment, the scratch and
-    # the other ranks' arrays (at 16 MiB per rank, 2 ranks already stream partly from memory here).
-    cache_bytes = probe.agreed(_last_level_cache() // 2)
+    # At most half the last-level cache: a collective's arrays share it with the segment, the
+    # scratch and the other ranks' arrays (at 16 MiB per rank, 2 ranks already stream partly from
+    # memory here); and no more than the copies show (a virtual machine may be told of a cache it
+    # gets a small share of).
+    cache_bytes = probe.agreed(probe.cache_for_arrays(_last_level_cache() // 2))
     cores = probe.agreed(len(os.sched_getaffinity(0)))
     host = probe.link(*probe.host_pair(), (8, IN_CACHE, FROM_MEMORY), cache_bytes)
     network = probe.link(*probe.network_pair(), (8, *ACROSS), cache_bytes) if place.hosts > 1 else None
@@ -182,6 +184,23 @@ class _Probe:
         """Send and receive as the MPI library does inside its collectives: blocking, spinning."""
         return lambda buf, peer: self.comm.Send(buf, peer), lambda buf, peer: self.comm.Recv(buf, peer)
 
+    def cache_for_arrays(self, ceiling):
+        """The working set up to which copies on rank 0 run at the in-cache speed (see
+        _cache_from_sweep), at most `ceiling` bytes."""
+        sizes = [IN_CACHE << k for k in range(6)]  # arrays of 2 to 64 MiB: working sets of 4 to 128 MiB
+        seconds = []
+        if self.comm.rank == 0:
+            for nbytes in sizes:
+                a, b = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+                samples = []
+                for _ in range(max(3, min(20, (256 << 20) // nbytes)) + 1):
+                    start = time.perf_counter()
+                    np.copyto(a, b)
+                    samples.append(time.perf_counter() - start)
+                seconds.append(statistics.median(samples[1:]))
+        self.together()
+        return _cache_from_sweep([2 * n for n in sizes], self.agreed(seconds), ceiling)
+
     def per_byte(self, work, cache_bytes):
         """cost.PerByte of `work(a, b)` on two arrays, timed on rank 0 alone."""
         times = []
@@ -248,13 +267,28 @@ def _solve(f, target):
     return max(0.0, (target - base) / (f(1e-9) - base) * 1e-9)
 
 
+SLOWER = 1.25  # a copy this much slower per byte than in cache no longer runs in cache
+
+
+def _cache_from_sweep(working_sets, seconds, ceiling):
+    """The largest of the increasing `working_sets` (of copies that took `seconds`) before the
+    first whose cost per byte is SLOWER than the first's; `ceiling` where none is."""
+    first = seconds[0] / working_sets[0]
+    for index, (size, took) in enumerate(zip(working_sets, seconds, strict=True)):
+        if took / size > SLOWER * first:
+            return min(ceiling, working_sets[index - 1] if index else size)
+    return ceiling
+
+
 def _fit(sizes, seconds, working_set, cache_bytes):
-    """cost.PerByte from seconds at a size in cache and one beyond it (see PerByte.at)."""
+    """cost.PerByte from seconds at a size in cache and one beyond it (see PerByte.at). Where less
+    than half the larger size's working set lies beyond the cache, its cost per byte is taken as
+    the memory's: solving for it would multiply the measurement's noise by up to 1 / beyond."""
     small, large = sizes
     cache = max(seconds[0], 0.0) / small
     beyond = max(0.0, 1.0 - cache_bytes / working_set(large))
     per_byte = max(seconds[1], 0.0) / large
-    memory = cache + (per_byte - cache) / beyond if beyond > 0 else per_byte
+    memory = cache + (per_byte - cache) / beyond if beyond >= 0.5 else per_byte
     return cost.PerByte(cache, max(memory, cache))
 
 
