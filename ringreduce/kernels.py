@@ -4,7 +4,7 @@ lend the core.
 Why: on one core of the test machine numpy casts float32 to float16 at 0.42 G values/s and adds
 float16 arrays at 0.27 G (ml_dtypes' bfloat16: 0.39 G and 0.76 G), where a float32 copy runs at
 1.8 G, so on the CPU Compression.fp16 and bf16 cost more time than the bytes they save. torch's
-kernels give the same results bit for bit at 2.3-2.4 G (casts) and 3.9-4.5 G (sums). The core
+kernels give the same results bit for bit at 1.6-2.4 G (casts) and 1.7-2.0 G (sums). The core
 imports no framework: ringreduce.torch lends torch's when it is imported (`lend`); otherwise, and
 for every array they do not take, numpy's run.
 """

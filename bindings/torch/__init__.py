@@ -52,4 +52,4 @@ from ringreduce.torch.tensors import (  # noqa: F401
 )
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
-lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 4-16x numpy's
+lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 2-7x faster than numpy's
