@@ -83,9 +83,12 @@ def assert_matches_replay(job, epochs):
     weight, bias = replay(epochs, schedule)
     finals = events(job, "FINAL")
     assert len(finals) == resumed[-1]["size"]
+    # What a mismatch needs to be understood: the generations, the commits, and what rrun said.
+    story = "\n".join([json.dumps(r) for r in resumed] + [line for line in job.lines_of(0) if line.startswith("COMMIT")]
+                      + [line for line in job.stderr.splitlines() if line.startswith("rrun:")])
     for final in finals:
-        torch.testing.assert_close(final["weight"], weight, rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(final["bias"], bias, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(final["weight"], weight, rtol=1e-9, atol=1e-12, msg=lambda m: f"{m}\n{story}")
+        torch.testing.assert_close(final["bias"], bias, rtol=1e-9, atol=1e-12, msg=lambda m: f"{m}\n{story}")
     return resumed
 
 
