@@ -111,6 +111,19 @@ def test_a_job_grows_at_its_next_commit_when_discovery_reports_more_slots(tmp_pa
     assert not os.path.exists(f"/dev/shm/ringreduce-commits-{job_id(job)}")  # removed at the end
 
 
+def test_a_job_that_grows_at_an_epochs_end_commit_resumes_at_the_next_epoch(tmp_path):
+    """At 3 ranks an epoch is 16 steps: the last commit inside it is at step 15, so a notice that
+    comes during step 16 resizes the job at the epoch's end commit. The next generation starts the
+    next epoch (a worker that committed before advancing its epoch trained one epoch twice: CI saw
+    it once, as a replay mismatch of the cut-link test)."""
+    script, hosts = discovery_script(tmp_path, ["localhost:3"])
+    job = run_job(3, "elastic_train.py", 2, "--grow-file", hosts, 15, "localhost:1",
+                  rrun_args=("--min-np", "2", "--max-np", "4", "--host-discovery-script", script), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    resumed = assert_matches_replay(job, 2)
+    assert [(r["size"], r["step"], r["epoch"], r["processed"]) for r in resumed] == [(3, 0, 0, 0), (4, 16, 1, 0)]
+
+
 def job_id(job):
     return next(line.split("job ")[1].split()[0] for line in job.stderr.splitlines() if "rrun: elastic job " in line)
 

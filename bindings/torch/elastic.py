@@ -15,7 +15,8 @@ of the epoch, so that after a resize no sample of the epoch is taken twice (see 
                 state.sampler.record_batch(batch_idx, 32)
                 if batch_idx % 10 == 9:
                     state.commit()
-            state.sampler.set_epoch(state.epoch + 1)
+            state.sampler.set_epoch(epoch + 1)
+            state.epoch = epoch + 1     # before the commit: a resize there resumes at the next epoch
             state.commit()
 """
 

@@ -11,7 +11,8 @@ cluster's link, and mend it SECONDS later). --plan: a list of [HOW, PHASE], one 
 that generation rank 1 fails so, two steps after it resumed, in PHASE (forward: before a step's
 forward; allreduce: after its backward, while the others average; commit: inside a commit, written
 but not confirmed; resize: in a reset callback, before training). --grow-file: at STEP of generation
-0, rank 0 appends LINE to FILE (which the discovery script prints)."""
+0, rank 0 appends LINE to FILE (which the discovery script prints) and waits until rrun has told the
+ranks."""
 
 import argparse
 import ctypes
@@ -117,6 +118,7 @@ def main():
                 if args.grow_file and generation == 0 and state.step == int(args.grow_file[1]) and rr.rank() == 0:
                     with open(args.grow_file[0], "a") as f:
                         f.write(args.grow_file[2] + "\n")
+                    time.sleep(2.5)  # rrun's discovery (every second) tells the ranks before their next commit
                 fail_in("forward")
                 optimizer.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
@@ -132,7 +134,8 @@ def main():
                     state.commit()
                     if rr.rank() == 0:
                         print(f"COMMIT {state.step}", flush=True)
-            sampler.set_epoch(state.epoch + 1)
+            sampler.set_epoch(epoch + 1)
+            state.epoch = epoch + 1  # a generation that resumes from this commit starts the next epoch
             state.commit()
             if rr.rank() == 0:
                 print(f"COMMIT {state.step} epoch end", flush=True)
