@@ -245,12 +245,11 @@ class ProgramOrder:
             if output is not None:
                 np.copyto(output, plan.mine)
         else:
-            combine = ops.ufunc(message.op, message.dtype)
-            result = combine(parts[0], parts[1], out=output)
+            result = plan.combine(parts[0], parts[1], out=output)
             if output is None and not isinstance(result, np.ndarray):  # 0-d arrays combine into a scalar
                 result = np.asarray(result)
             for part in parts[2:]:
-                combine(result, part, out=result)
+                plan.combine(result, part, out=result)
         if message.op == ops.Average or message.postscale != 1.0:
             ops.scale_result(result, message.op, self.size, message.postscale)
         return result
@@ -258,10 +257,10 @@ class ProgramOrder:
     def answer_as_joined(self, join):
         """While the `join` handle is pending, answer every plain allreduce of the others as a joined
         rank (with the op's identity), adopting the highest call count among them, so that this rank
-        is in step once all have joined. Ranks see the join end at different moments, and one that has seen it may
-        make its next plain call at once: so each rank tells every peer that its join has ended,
-        in a packet that comes before any later call of its own (MPI keeps a pair's messages in
-        order), and answers a peer's packets only until that peer's end has come."""
+        is in step once all have joined. Ranks see the join end at different moments, and one that
+        has seen it may make its next plain call at once: so each rank tells every peer that its
+        join has ended, in a packet that comes before any later call of its own (MPI keeps a pair's
+        messages in order), and answers a peer's packets only until that peer's end has come."""
         answer, end = bytearray(_PREFIX.size), bytearray(_PREFIX.size)
         _PREFIX.pack_into(answer, 0, _JOINED, 0, 0, 0.0)
         unheard = set(self.peers)  # peers whose end of the join has not come
@@ -338,8 +337,8 @@ class _Plan:
     """What a call needs each time it comes again: its Message pickled, whether its data comes
     along (decided from what the ranks compare, so that where they agree they decide alike), its
     packet in a buffer of its own, a buffer per peer (with room for a longer description than this
-    rank's, which is a mismatch to report), persistent requests that send and receive them, and
-    views of the data in them."""
+    rank's, which is a mismatch to report), persistent requests that send and receive them, views
+    of the data in them, and what combines the data."""
 
     def __init__(self, message, comm, peers):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -355,12 +354,13 @@ class _Plan:
         self.ins = {peer: bytearray(room) for peer in peers}
         self.receives = [comm.Recv_init(self.ins[peer], peer, _TAG) for peer in peers]
         self.requests = self.receives + [comm.Send_init(self.out, peer, _TAG) for peer in peers]
-        self.mine = self.theirs = None
+        self.mine = self.theirs = self.combine = None
         if self.carries:
             def view(buffer):
                 return np.frombuffer(buffer, message.dtype, message.count, data_at).reshape(message.shape)
             self.mine = view(self.out)
             self.theirs = {peer: view(buffer) for peer, buffer in self.ins.items()}
+            self.combine = ops.ufunc(message.op, message.dtype)
 
     def free(self):
         for request in self.requests:

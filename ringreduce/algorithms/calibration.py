@@ -188,34 +188,29 @@ class _Probe:
         """The working set up to which copies on rank 0 run at the in-cache speed (see
         _cache_from_sweep), at most `ceiling` bytes."""
         sizes = [IN_CACHE << k for k in range(6)]  # arrays of 2 to 64 MiB: working sets of 4 to 128 MiB
-        seconds = []
-        if self.comm.rank == 0:
-            for nbytes in sizes:
-                a, b = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
-                samples = []
-                for _ in range(max(3, min(20, (256 << 20) // nbytes)) + 1):
-                    start = time.perf_counter()
-                    np.copyto(a, b)
-                    samples.append(time.perf_counter() - start)
-                seconds.append(statistics.median(samples[1:]))
-        self.together()
-        return _cache_from_sweep([2 * n for n in sizes], self.agreed(seconds), ceiling)
+        seconds = self._on_rank_0(np.copyto, sizes, 128 << 20)
+        return _cache_from_sweep([2 * n for n in sizes], seconds, ceiling)
 
     def per_byte(self, work, cache_bytes):
         """cost.PerByte of `work(a, b)` on two arrays, timed on rank 0 alone."""
+        times = self._on_rank_0(work, (IN_CACHE, FROM_MEMORY), 64 << 20)
+        return _fit((IN_CACHE, FROM_MEMORY), times, lambda n: 2 * n, cache_bytes)
+
+    def _on_rank_0(self, work, sizes, budget):
+        """Every rank's copy of the median seconds of `work(a, b)` on rank 0 alone, for two arrays
+        of each of `sizes` bytes: at most `budget` bytes' worth of runs (3 to 50), the first not counted."""
         times = []
         if self.comm.rank == 0:
-            for nbytes in (IN_CACHE, FROM_MEMORY):
+            for nbytes in sizes:
                 a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
                 samples = []
-                for _ in range(max(3, min(50, (64 << 20) // nbytes)) + 1):
+                for _ in range(max(3, min(50, budget // nbytes)) + 1):
                     start = time.perf_counter()
                     work(a, b)
                     samples.append(time.perf_counter() - start)
                 times.append(statistics.median(samples[1:]))
         self.together()
-        times = self.agreed(times)
-        return _fit((IN_CACHE, FROM_MEMORY), times, lambda n: 2 * n, cache_bytes)
+        return self.agreed(times)
 
     def barrier(self, segment):
         if segment is None:
@@ -274,9 +269,9 @@ def _cache_from_sweep(working_sets, seconds, ceiling):
     """The largest of the increasing `working_sets` (of copies that took `seconds`) before the
     first whose cost per byte is SLOWER than the first's; `ceiling` where none is."""
     first = seconds[0] / working_sets[0]
-    for index, (size, took) in enumerate(zip(working_sets, seconds, strict=True)):
-        if took / size > SLOWER * first:
-            return min(ceiling, working_sets[index - 1] if index else size)
+    for index in range(1, len(working_sets)):
+        if seconds[index] / working_sets[index] > SLOWER * first:
+            return min(ceiling, working_sets[index - 1])
     return ceiling
 
 
