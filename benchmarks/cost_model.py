@@ -1,6 +1,7 @@
 """The cost model against measurement, without circularity: the short probe (calibration.py) on
 two ranks predicts held-out cases it never ran: every family's allreduce at 1 KiB to 256 MiB, at
-this job's number of ranks and hosts.
+this job's number of ranks and hosts. Each case also records what the same profile predicts without
+its fresh-data term (cost.Link.fresh), to show what that term does in the same rounds.
 
     rrun -np 3 python benchmarks/cost_model.py --label "one host"
     rrun -H a:2,b:2 python benchmarks/cost_model.py --profile cluster.json   # probed before, across hosts
@@ -12,6 +13,7 @@ rounds. Appends each case to benchmarks/results/cost_model.jsonl.
 """
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -83,12 +85,15 @@ def main():
     built = families(comm, place, host_comm, cross_comm)
     cases = [(name, n) for name in built for n in SIZES
              if n <= args.max_bytes and not (name == "tree" and n > 16 << 20)]
-    measured, predicted = {case: [] for case in cases}, {case: [] for case in cases}
+    measured, predicted, without_fresh = ({case: [] for case in cases} for _ in range(3))
     for _ in range(args.rounds):
-        model = cost.Model(cost.load(args.profile) if args.profile else probe_on_two(comm), shape)
+        profile = cost.load(args.profile) if args.profile else probe_on_two(comm)
+        model = cost.Model(profile, shape)
+        plain = cost.Model(dataclasses.replace(profile, host=dataclasses.replace(profile.host, fresh=None)), shape)
         for name, nbytes in cases:
             measured[name, nbytes].append(seconds(comm, built[name], nbytes, args.budget))
             predicted[name, nbytes].append(model.allreduce(name, nbytes))
+            without_fresh[name, nbytes].append(plain.allreduce(name, nbytes))
     if comm.rank == 0:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=pathlib.Path(__file__).parent).stdout.strip()
@@ -98,7 +103,8 @@ def main():
                        "hosts": place.hosts, "family": name, "bytes": nbytes,
                        "median": statistics.median(measured[name, nbytes]),
                        "min": min(measured[name, nbytes]), "max": max(measured[name, nbytes]),
-                       "predicted": statistics.median(predicted[name, nbytes])}
+                       "predicted": statistics.median(predicted[name, nbytes]),
+                       "without_fresh": statistics.median(without_fresh[name, nbytes])}
                 out.write(json.dumps(row) + "\n")
                 print(f"{name:17s} {nbytes:>10d} B  measured {row['median'] * 1e3:9.3f} ms "
                       f"(rounds {row['min'] * 1e3:.3f}-{row['max'] * 1e3:.3f})  "

@@ -102,6 +102,34 @@ def test_the_profile_path_comes_from_the_environment(monkeypatch, tmp_path):
     assert cost.default_path().name == "profile.json" and ".cache" in str(cost.default_path())
 
 
+def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
+    """Link.fresh per byte of a message: all of it up to an eighth of a core's cache, half at a
+    quarter, none from a half; only on the host link (not MPI's own, not across hosts)."""
+    fresh = dataclasses.replace(_profile(alpha=0.0), core_cache_bytes=2 << 20,
+                                host=cost.Link(0.0, cost.PerByte(0.0, 0.0), fresh=1.0))
+    model = cost.Model(fresh, cost.Shape(2))
+    assert [model._in_core(n << 10) for n in (64, 256, 512, 1024, 4096)] == [1.0, 1.0, 0.5, 0.0, 0.0]
+    assert model.allreduce("ring", 512 << 10) == 2 * (256 << 10)  # two messages of 256 KiB
+    assert model.allreduce("ring", 2 << 20) == 0.0  # messages of 1 MiB: none
+    assert model.allreduce("halving_doubling", 1 << 20) == 2 * (512 << 10) * 0.5
+    assert model.allreduce("mpi", 512 << 10) == 0.0
+    unknown_cache = cost.Model(dataclasses.replace(fresh, core_cache_bytes=0), cost.Shape(2))
+    assert unknown_cache.allreduce("ring", 512 << 10) == 0.0
+    across = cost.Model(dataclasses.replace(fresh, network=cost.Link(0.0, cost.PerByte(0.0, 0.0))),
+                        cost.Shape(2, hosts=2))
+    assert across.allreduce("ring", 512 << 10) == 0.0
+
+
+def test_the_caches_come_from_sysfs_by_level(tmp_path):
+    for index, (level, size) in enumerate([(1, "48K"), (1, "32K"), (2, "2048K"), (3, "32768K")]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{index}" / "size").write_text(f"{size}\n")
+    (tmp_path / "index9").mkdir()  # a cache that says nothing is left out
+    assert calibration._caches(tmp_path) == {1: 48 << 10, 2: 2 << 20, 3: 32 << 20}
+    assert calibration._caches(tmp_path / "missing") == {}
+
+
 def test_the_probe_fits_recover_known_costs():
     truth = cost.PerByte(2e-11, 9e-11)
     cache_bytes = 32 << 20
@@ -164,6 +192,8 @@ def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     profile = cost.load(path)
     assert profile.source == str(path) and profile.host.alpha > 0 and profile.combine.memory > 0
     assert set(profile.calls) == {"ring", "halving_doubling", "tree", "mpi", "shm"}
+    assert profile.core_cache_bytes == calibration._caches().get(2, 0)
+    assert (profile.host.fresh is not None) == (profile.core_cache_bytes >= 64 << 10)
     explained = _rrun("-np", "3", "--explain", "--profile", str(path))
     assert explained.returncode == 0, explained.stderr
     assert f"cost model profile: {path}" in explained.stdout and "choice for 3 ranks on 1 host(s):" in explained.stdout

@@ -7,8 +7,9 @@ seconds of ping-pongs, reductions, copies, barriers and tiny collectives, collec
 It measures the parts, never the collectives it predicts: each link's latency and cost per byte
 (in cache and from memory) by ping-pong between two ranks while the others wait, the cost per
 byte of reducing and of copying on one rank, the shared segment's barrier, and each family's
-fixed cost per call from an allreduce of 8 bytes. Only the MPI library's own allreduce, whose
-internals are its own, is also timed at two sizes to learn its cost per byte.
+fixed cost per call from an allreduce of 8 bytes. Two measurements are of data flows rather than
+parts: what messages of data just combined cost more between two cores (a ring's two steps at one
+size), and the MPI library's own allreduce, whose internals are its own, at two sizes.
 """
 
 import argparse
@@ -44,7 +45,8 @@ def measure(comm, piece_bytes=1 << 20):
     # scratch and the other ranks' arrays (at 16 MiB per rank, 2 ranks already stream partly from
     # memory here); and no more than the copies show (a virtual machine may be told of a cache it
     # gets a small share of).
-    cache_bytes = probe.agreed(probe.cache_for_arrays(_last_level_cache() // 2))
+    caches = probe.agreed(_caches())
+    cache_bytes = probe.agreed(probe.cache_for_arrays(max(caches.values(), default=32 << 20) // 2))
     cores = probe.agreed(len(os.sched_getaffinity(0)))
     host = probe.link(*probe.host_pair(), (8, IN_CACHE, FROM_MEMORY), cache_bytes)
     network = probe.link(*probe.network_pair(), (8, *ACROSS), cache_bytes) if place.hosts > 1 else None
@@ -55,7 +57,9 @@ def measure(comm, piece_bytes=1 << 20):
     pair = probe.host_pair()
     mpi = cost.Link(probe._ping_pong(*pair, 8, 200, *probe.mpis()), host.beta) if pair[0] is not None else host
     draft = cost.Profile(host=host, network=network, mpi=mpi, combine=combine, copy=copy, barrier=barrier, calls={},
-                         cache_bytes=cache_bytes, cores=cores, shm_piece_bytes=piece_bytes, source="measured")
+                         cache_bytes=cache_bytes, cores=cores, core_cache_bytes=caches.get(2, 0),
+                         shm_piece_bytes=piece_bytes, source="measured")
+    draft = dataclasses.replace(draft, host=dataclasses.replace(host, fresh=probe.fresh(*pair, draft)))
     families = _families(comm, segment, cross_comm, place)
     draft = dataclasses.replace(draft, mpi=dataclasses.replace(
         mpi, exchange=probe.mpi_per_byte(families["mpi"], draft, place)))
@@ -85,13 +89,17 @@ def _families(comm, segment, cross_comm, place):
     return families
 
 
-def _last_level_cache():
-    """Bytes of this host's largest cache (sysfs), or 32 MiB where it does not say."""
-    sizes = []
-    for entry in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = entry.read_text().strip()
-        sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
-    return max(sizes, default=32 << 20)
+def _caches(root=pathlib.Path("/sys/devices/system/cpu/cpu0/cache")):
+    """{level: bytes} of the caches this host's first core reports (sysfs; empty where it does not say)."""
+    sizes = {}
+    for entry in root.glob("index*"):
+        try:
+            level, text = int((entry / "level").read_text()), (entry / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        size = int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
+        sizes[level] = max(size, sizes.get(level, 0))
+    return sizes
 
 
 class _Probe:
@@ -159,6 +167,33 @@ class _Probe:
                 times.append(time.perf_counter() - start)
         self.together()
         return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+
+    def fresh(self, a, b, draft):
+        """cost.Link.fresh on ranks a and b: two exchanges of a ring's allreduce on two ranks (the
+        second sends what was just combined from the first) at a size whose messages the model
+        counts wholly in a core's cache, less what the `draft` profile predicts for them, per byte.
+        The draft's where there is no pair on one host; None where the core's cache is too small to
+        tell."""
+        nbytes = min(1 << 20, max(16 << 10, draft.core_cache_bytes // 8))
+        share = cost.Model(draft, cost.Shape(2))._in_core(nbytes)
+        if a is None or share == 0:
+            return draft.host.fresh if a is None else None
+        times = []
+        if self.comm.rank in (a, b):
+            other = b if self.comm.rank == a else a
+            mine, theirs, scratch = (np.ones(nbytes // 4, np.float32) for _ in range(3))
+            for _ in range(max(3, min(100, (64 << 20) // nbytes)) + 1):
+                start = time.perf_counter()
+                self.transport.sendrecv(theirs, other, scratch, other)
+                np.add(mine, scratch, out=mine)
+                self.transport.sendrecv(mine, other, theirs, other)
+                times.append(time.perf_counter() - start)
+        self.together()
+        measured = self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+        model = cost.Model(draft, cost.Shape(2))
+        ws = model._working_set(2 * nbytes)
+        predicted = 2 * model._send(nbytes, False, ws, exchange=True) + model._combine(nbytes, ws)
+        return max(0.0, measured - predicted) / (2 * nbytes * share)
 
     def crowded(self, a, b, send, recv):
         """One-way latency of 8-byte ping-pongs with ranks a and b on the same core (the first

@@ -48,6 +48,10 @@ class Link:
     # Seconds per message when two ranks share one core (None: as alpha): a rank that waits for a
     # message holds the core its partner needs, until the scheduler moves on.
     crowded_alpha: float | None = None
+    # Seconds per byte more while a message's data, just combined or received by its sender, is
+    # still in that core's private cache and the receiving core must fetch it from there (see
+    # Model._in_core); None where not measured.
+    fresh: float | None = None
 
     @classmethod
     def from_dict(cls, fields):
@@ -66,6 +70,7 @@ class Profile:
     calls: dict  # family -> fixed seconds per call
     cache_bytes: int  # the last-level cache of a host
     cores: int  # per host
+    core_cache_bytes: int = 0  # a core's private cache (its L2): where Link.fresh applies; 0: unknown
     shm_piece_bytes: int = 1 << 20  # the shared-memory family's piece per rank (RINGREDUCE_SHM_PIECE_BYTES)
     source: str = "built in"
 
@@ -95,20 +100,22 @@ class Shape:
         return math.ceil(self.ranks / self.hosts)
 
 
-# Measured on the 2-core test machine (AMD EPYC, 32 MiB L3, MPICH 5.0.2) by `rrun -np 2 --calibrate`,
-# the median of three runs (2026-12-02; docs/cost_model.md): what a job uses until a profile of its
-# own machines is saved.
+# Measured on the 2-core test machine (AMD EPYC, 2 MiB L2 per core, 32 MiB of L3 for the arrays, MPICH
+# 5.0.2) by `rrun -np 2 --calibrate`, the median of three runs (2026-12-02, the eighth session;
+# docs/cost_model.md): what a job uses until a profile of its own machines is saved.
 DEFAULT = Profile(
-    host=Link(1.9e-6, PerByte(1 / 12.05e9, 1 / 12.05e9), PerByte(1 / 8.0e9, 1 / 7.27e9), crowded_alpha=135.9e-6),
+    host=Link(1.83e-6, PerByte(1 / 6.67e9, 1 / 5.66e9), PerByte(1 / 8.90e9, 1 / 4.73e9), crowded_alpha=9.0e-6,
+              fresh=0.145e-9),
     network=None,
-    mpi=Link(2.04e-6, PerByte(1 / 12.05e9, 1 / 12.05e9), PerByte(1 / 2.49e9, 1 / 2.21e9), crowded_alpha=6.0e-6),
-    combine=PerByte(1 / 49.4e9, 1 / 11.68e9),
-    copy=PerByte(1 / 43.5e9, 1 / 12.1e9),
-    barrier=2.17e-6,
-    calls={"ring": 11.0e-6, "halving_doubling": 11.2e-6, "tree": 4.0e-6, "mpi": 1.6e-6, "shm": 9.8e-6,
-           "hierarchical": 9.8e-6},
-    cache_bytes=16 << 20,
+    mpi=Link(1.29e-6, PerByte(1 / 6.67e9, 1 / 5.66e9), PerByte(1 / 2.63e9, 1 / 2.06e9), crowded_alpha=3.7e-6),
+    combine=PerByte(1 / 13.23e9, 1 / 7.93e9),
+    copy=PerByte(1 / 13.56e9, 1 / 5.95e9),
+    barrier=1.57e-6,
+    calls={"ring": 10.1e-6, "halving_doubling": 10.9e-6, "tree": 7.0e-6, "mpi": 1.2e-6, "shm": 10.1e-6,
+           "hierarchical": 10.1e-6},
+    cache_bytes=32 << 20,
     cores=2,
+    core_cache_bytes=2 << 20,
 )
 # Across hosts when the profile has no measurement of it (calibrated on one host): 10 Gbit/s
 # Ethernet through TCP, about 25 us a message. `rrun --calibrate` across the job's hosts replaces it.
@@ -137,7 +144,17 @@ class Model:
         if across:  # the bytes still leave through the sender's memory, and arrive in the receiver's
             net = self.p.network or ASSUMED_NETWORK
             return net.alpha + nbytes * net.beta.memory * sharing + host_side
-        return self._latency(link) + host_side
+        fresh = nbytes * link.fresh * self._in_core(nbytes) * self.crowding if link.fresh else 0.0
+        return self._latency(link) + host_side + fresh
+
+    def _in_core(self, nbytes):
+        """The share of a message that another core must fetch from its sender's private cache:
+        all of it while eight such messages fit that cache, none once only two do, and in between
+        by the logarithm of the size (measured on the test VM, 2 MiB per core: the whole penalty
+        at 32-256 KiB, half at 512 KiB, none from 1 MiB; docs/cost_model.md)."""
+        if not self.p.core_cache_bytes or nbytes <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (math.log2(self.p.core_cache_bytes / nbytes) - 1) / 2))
 
     def _latency(self, link):
         """A message's latency: alpha, rising towards crowded_alpha as the ranks per core go from 1 to 2."""
@@ -244,8 +261,7 @@ class Model:
 
     def _messages(self, count, nbytes, across, ws, link=None):
         """`count` exchanges one after another that carry `nbytes` between them."""
-        latency = self._send(0, across, ws, link=link, exchange=True)
-        return count * latency + self._send(nbytes, across, ws, link=link, exchange=True) - latency
+        return count * self._send(nbytes / count, across, ws, link=link, exchange=True)
 
     def _shm_pass(self, copied, n):
         """The shared-memory family's barriers for an array of `n` bytes and its copies of `copied` bytes."""
@@ -381,6 +397,8 @@ def explain(profile, shape, hierarchical=None):
                 f"{rate(value.beta.memory)} beyond")
         if value.exchange:
             text += f"; both ways at once {rate(value.exchange.cache)} and {rate(value.exchange.memory)}"
+        if value.fresh:
+            text += f"; {value.fresh * 1e9:.3f} ns a byte more for fresh data in a core's cache"
         if value.crowded_alpha is not None:
             text += f"; two ranks on one core: alpha {value.crowded_alpha * 1e6:.1f} us"
         return text
@@ -391,7 +409,8 @@ def explain(profile, shape, hierarchical=None):
     lines = [f"cost model profile: {profile.source}",
              link("host", profile.host), link("network", profile.network), link("mpi", profile.mpi),
              per_byte("reduce", profile.combine), per_byte("copy", profile.copy),
-             f"  barrier   {profile.barrier * 1e6:.2f} us; cache {_bytes_text(profile.cache_bytes)}; "
+             f"  barrier   {profile.barrier * 1e6:.2f} us; cache {_bytes_text(profile.cache_bytes)}"
+             + (f", a core's {_bytes_text(profile.core_cache_bytes)}" if profile.core_cache_bytes else "") + "; "
              f"{profile.cores} cores per host",
              "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items()),
              f"choice for {shape.ranks} ranks on {shape.hosts} host(s):"]
