@@ -103,8 +103,9 @@ def test_the_profile_path_comes_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
-    """Link.fresh per byte of a message: all of it up to an eighth of a core's cache, half at a
-    quarter, none from a half; only on the host link (not MPI's own, not across hosts)."""
+    """Link.fresh per byte of an exchanged message: all of it up to an eighth of a core's cache,
+    half at a quarter, none from a half; only on the host link (not MPI's own, not across hosts),
+    and not on one-way messages (the tree's), whose per-byte cost the probe measures on fresh data."""
     fresh = dataclasses.replace(_profile(alpha=0.0), core_cache_bytes=2 << 20,
                                 host=cost.Link(0.0, cost.PerByte(0.0, 0.0), fresh=1.0))
     model = cost.Model(fresh, cost.Shape(2))
@@ -113,6 +114,9 @@ def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
     assert model.allreduce("ring", 2 << 20) == 0.0  # messages of 1 MiB: none
     assert model.allreduce("halving_doubling", 1 << 20) == 2 * (512 << 10) * 0.5
     assert model.allreduce("mpi", 512 << 10) == 0.0
+    assert model.allreduce("tree", 512 << 10) == 0.0
+    crowded = cost.Model(dataclasses.replace(fresh, cores=1), cost.Shape(2))
+    assert crowded.allreduce("ring", 512 << 10) == 2 * (256 << 10)  # the same on one core
     unknown_cache = cost.Model(dataclasses.replace(fresh, core_cache_bytes=0), cost.Shape(2))
     assert unknown_cache.allreduce("ring", 512 << 10) == 0.0
     across = cost.Model(dataclasses.replace(fresh, network=cost.Link(0.0, cost.PerByte(0.0, 0.0))),

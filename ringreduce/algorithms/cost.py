@@ -144,9 +144,10 @@ class Model:
         if across:  # the bytes still leave through the sender's memory, and arrive in the receiver's
             net = self.p.network or ASSUMED_NETWORK
             return net.alpha + nbytes * net.beta.memory * sharing + host_side
-        # Not multiplied by the crowding (measured: times the crowding, 3 ranks on 2 cores came out
-        # worse than without the term, 35 against 41 of 78 cases; docs/cost_model.md).
-        fresh = nbytes * link.fresh * self._in_core(nbytes) if link.fresh else 0.0
+        # Exchanges only, as the probe measures it (a ping-pong's beta already sends back what it
+        # has just received); not multiplied by the crowding (times the crowding, 3 ranks on 2
+        # cores came out worse than without the term: 35 against 41 of 78 cases; docs/cost_model.md).
+        fresh = nbytes * link.fresh * self._in_core(nbytes) if link.fresh and exchange else 0.0
         return self._latency(link) + host_side + fresh
 
     def _in_core(self, nbytes):
