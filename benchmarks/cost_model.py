@@ -4,6 +4,7 @@ this job's number of ranks and hosts. Each case also records what the same profi
 its fresh-data term (cost.Link.fresh), to show what that term does in the same rounds.
 
     rrun -np 3 python benchmarks/cost_model.py --label "one host"
+    rrun -np 4 python benchmarks/cost_model.py --probe-on-all --label "one host, probed on 4"
     rrun -H a:2,b:2 python benchmarks/cost_model.py --profile cluster.json   # probed before, across hosts
 
 These machines are shared and their speed drifts by 2x within minutes, so the probe and the cases
@@ -78,6 +79,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=0.15, help="seconds per case and round, about")
     parser.add_argument("--profile", help="a profile from rrun --calibrate, instead of probing every round")
+    parser.add_argument("--probe-on-all", action="store_true",
+                        help="probe on every rank of the job (what `rrun -np N --calibrate` measures), not on two")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     place, host_comm, cross_comm = topology.discover(comm)
@@ -87,7 +90,8 @@ def main():
              if n <= args.max_bytes and not (name == "tree" and n > 16 << 20)]
     measured, predicted, without_fresh = ({case: [] for case in cases} for _ in range(3))
     for _ in range(args.rounds):
-        profile = cost.load(args.profile) if args.profile else probe_on_two(comm)
+        profile = (cost.load(args.profile) if args.profile
+                   else calibration.measure(comm)[0] if args.probe_on_all else probe_on_two(comm))
         model = cost.Model(profile, shape)
         plain = cost.Model(dataclasses.replace(profile, host=dataclasses.replace(profile.host, fresh=None)), shape)
         for name, nbytes in cases:

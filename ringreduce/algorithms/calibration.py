@@ -174,8 +174,9 @@ class _Probe:
         counts wholly in a core's cache, less what the `draft` profile predicts for them, per byte.
         The draft's where there is no pair on one host; None where the core's cache is too small to
         tell."""
+        model = cost.Model(draft, cost.Shape(2))
         nbytes = min(1 << 20, max(16 << 10, draft.core_cache_bytes // 8))
-        share = cost.Model(draft, cost.Shape(2))._in_core(nbytes)
+        share = model._in_core(nbytes)
         if a is None or share == 0:
             return draft.host.fresh if a is None else None
         times = []
@@ -190,7 +191,6 @@ class _Probe:
                 times.append(time.perf_counter() - start)
         self.together()
         measured = self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
-        model = cost.Model(draft, cost.Shape(2))
         ws = model._working_set(2 * nbytes)
         predicted = 2 * model._send(nbytes, False, ws, exchange=True) + model._combine(nbytes, ws)
         return max(0.0, measured - predicted) / (2 * nbytes * share)
