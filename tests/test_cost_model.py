@@ -88,6 +88,15 @@ def test_profile_saved_and_loaded(tmp_path):
     assert cost.load(tmp_path / "missing.json") is cost.DEFAULT
 
 
+def test_a_profile_saved_before_the_fresh_data_term_still_loads(tmp_path):
+    fields = json.loads(cost.DEFAULT.to_json())
+    del fields["core_cache_bytes"], fields["host"]["fresh"], fields["mpi"]["fresh"]
+    (tmp_path / "old.json").write_text(json.dumps(fields))
+    old = cost.load(tmp_path / "old.json")
+    assert old.core_cache_bytes == 0 and old.host.fresh is None
+    assert old.host.alpha == cost.DEFAULT.host.alpha and old.calls == cost.DEFAULT.calls
+
+
 def test_a_broken_profile_names_its_file(tmp_path):
     broken = tmp_path / "profile.json"
     broken.write_text('{"host": 3}')
