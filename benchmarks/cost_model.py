@@ -52,7 +52,7 @@ def families(comm, place, host_comm, cross_comm):
 
 def seconds(comm, family, nbytes, budget):
     """Median over repetitions (each started together) of the slowest rank's time."""
-    buf = np.ones(nbytes // 4, np.float32)
+    buf = np.zeros(nbytes // 4, np.float32)  # summed again and again: ones would overflow
     reps = int(max(3, min(30, budget / max(1e-5, _one(comm, family, buf)))))
     return statistics.median(_one(comm, family, buf) for _ in range(reps))
 

@@ -123,23 +123,28 @@ class _Probe:
         first = self.comm.allgather(self.place.local_rank == 0 and self.place.cross_rank == 1)
         return 0, first.index(True)
 
-    def _ping_pong(self, a, b, nbytes, reps, send, recv):
-        """Median one-way seconds of a message of `nbytes` between ranks a and b."""
+    def _on_pair(self, a, b, reps, prepare):
+        """Every rank's copy of rank a's median seconds of one round between ranks a and b, the
+        others waiting: on each of the two, `prepare(other)` allocates and returns the round, which
+        runs `reps` times after one not counted."""
         times = []
         if self.comm.rank in (a, b):
-            other = b if self.comm.rank == a else a
-            buf = np.ones(max(nbytes, 1), np.uint8)[:nbytes]
+            once = prepare(b if self.comm.rank == a else a)
             for _ in range(reps + 1):
                 start = time.perf_counter()
-                if self.comm.rank == a:
-                    send(buf, other)
-                    recv(buf, other)
-                else:
-                    recv(buf, other)
-                    send(buf, other)
-                times.append((time.perf_counter() - start) / 2)
+                once()
+                times.append(time.perf_counter() - start)
         self.together()
         return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+
+    def _ping_pong(self, a, b, nbytes, reps, send, recv):
+        """Median one-way seconds of a message of `nbytes` between ranks a and b."""
+        def prepare(other):
+            buf = np.ones(max(nbytes, 1), np.uint8)[:nbytes]
+            first, second = (send, recv) if self.comm.rank == a else (recv, send)
+            return lambda: (first(buf, other), second(buf, other))
+
+        return self._on_pair(a, b, reps, prepare) / 2
 
     def link(self, a, b, sizes, cache_bytes):
         """A cost.Link of ringreduce's own messages between ranks a and b: the latency from
@@ -157,16 +162,11 @@ class _Probe:
 
     def _exchange(self, a, b, nbytes, reps):
         """Median seconds of ranks a and b sending each other `nbytes` at the same time."""
-        times = []
-        if self.comm.rank in (a, b):
-            other = b if self.comm.rank == a else a
+        def prepare(other):
             out, into = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-            for _ in range(reps + 1):
-                start = time.perf_counter()
-                self.transport.sendrecv(out, other, into, other)
-                times.append(time.perf_counter() - start)
-        self.together()
-        return self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+            return lambda: self.transport.sendrecv(out, other, into, other)
+
+        return self._on_pair(a, b, reps, prepare)
 
     def fresh(self, a, b, draft):
         """cost.Link.fresh on ranks a and b: two exchanges of a ring's allreduce on two ranks (the
@@ -174,23 +174,24 @@ class _Probe:
         counts wholly in a core's cache, less what the `draft` profile predicts for them, per byte.
         The draft's where there is no pair on one host; None where the core's cache is too small to
         tell."""
+        if a is None:
+            return draft.host.fresh
         model = cost.Model(draft, cost.Shape(2))
         nbytes = min(1 << 20, max(16 << 10, draft.core_cache_bytes // 8))
         share = model._in_core(nbytes)
-        if a is None or share == 0:
-            return draft.host.fresh if a is None else None
-        times = []
-        if self.comm.rank in (a, b):
-            other = b if self.comm.rank == a else a
+        if share == 0:
+            return None
+
+        def prepare(other):
             mine, theirs, scratch = (np.ones(nbytes // 4, np.float32) for _ in range(3))
-            for _ in range(max(3, min(100, (64 << 20) // nbytes)) + 1):
-                start = time.perf_counter()
+
+            def two_steps():
                 self.transport.sendrecv(theirs, other, scratch, other)
                 np.add(mine, scratch, out=mine)
                 self.transport.sendrecv(mine, other, theirs, other)
-                times.append(time.perf_counter() - start)
-        self.together()
-        measured = self.agreed(statistics.median(times[1:]) if self.comm.rank == a else None)
+            return two_steps
+
+        measured = self._on_pair(a, b, max(3, min(100, (64 << 20) // nbytes)), prepare)
         ws = model._working_set(2 * nbytes)
         predicted = 2 * model._send(nbytes, False, ws, exchange=True) + model._combine(nbytes, ws)
         return max(0.0, measured - predicted) / (2 * nbytes * share)
@@ -259,7 +260,7 @@ class _Probe:
         return self.agreed((time.perf_counter() - start) / 200)
 
     def _allreduce_seconds(self, family, nbytes, reps):
-        buf = np.ones(max(1, nbytes // 4), np.float32)
+        buf = np.zeros(max(1, nbytes // 4), np.float32)  # summed again and again: ones would overflow
         samples = []
         for _ in range(reps + 1):
             self.comm.Barrier()  # MPI's own: it spins, so every rank leaves it within microseconds
