@@ -6,8 +6,10 @@ calibrated profile.
 A step: the forward pass, then the backward pass, during which each layer's gradient becomes
 ready in turn; the engine wakes every cycle, fuses the gradients ready by then into buffers of up
 to the fusion threshold and allreduces them one after another, overlapping the rest of the
-backward pass; the step ends when the last allreduce does. Efficiency is the single GPU's step
-time over this one (weak scaling: the batch per GPU stays the same).
+backward pass; the step ends when the last allreduce does. Every GPU waits at each allreduce for
+the slowest, so the whole step runs at the pace of the job's slowest GPU (GPUs of one model differ
+in speed: Cluster.gpu_spread). Efficiency is the single GPU's step time over this one (weak
+scaling: the batch per GPU stays the same).
 
     python -m ringreduce.simulator --gpus-per-node 8 --intra-gbytes 150 --inter-gbit 200 \\
         --gradient-mb 98 --layers 160 --step-ms 100
@@ -24,6 +26,11 @@ from ringreduce.algorithms import cost
 # The families a GPU cluster runs its allreduce with (MPI's own and shared memory are host paths).
 FAMILIES = ("ring", "halving_doubling", "tree", "hierarchical")
 SCALES = [1 << i for i in range(1, 15)]  # 2 to 16,384 GPUs
+# How far apart the fastest and slowest GPUs of one model and SKU run in a cluster, as a share of
+# the median GPU's speed, outliers aside: 8 % on average over the clusters and applications that
+# Sinha et al. measured (SC'22, "Not All GPUs Are Created Equal", V100 and MI60 clusters; up to 22 %,
+# and single outliers 1.5x slower than the median, which this leaves out).
+GPU_SPREAD = 0.08
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +43,12 @@ class Cluster:
     inter_latency: float  # seconds per message across nodes
     reduce_gbytes: float = 250.0  # GB/s at which a GPU adds one array into another
     call_seconds: float = 20e-6  # a collective's fixed cost (kernel launches, the library's setup)
+    gpu_spread: float = GPU_SPREAD  # fastest to slowest GPU, a share of the median's speed
+
+    def slowest_speed(self):
+        """The job's slowest GPU's speed, a share of the median one's: the expected least of `gpus`
+        speeds spread evenly over gpu_spread about the median (the median itself for one GPU)."""
+        return 1 - self.gpu_spread / 2 * (self.gpus - 1) / (self.gpus + 1)
 
     @property
     def gpus(self):
@@ -113,9 +126,10 @@ class Step:
 
 def step(cluster, workload, family=None, engine=Engine()):
     """The predicted training step of `workload` on `cluster` (`family`: None for the model's choice)."""
-    ready, clock = [], workload.forward
+    pace = 1 / cluster.slowest_speed()  # every allreduce waits for the slowest GPU's gradient
+    ready, clock = [], workload.forward * pace
     for nbytes, seconds in workload.layers:
-        clock += seconds
+        clock += seconds * pace
         if nbytes:  # a layer without parameters has nothing to reduce
             ready.append((clock, nbytes))
     backward_end = clock
@@ -160,11 +174,13 @@ def main(argv=None):
     parser.add_argument("--step-ms", type=float, required=True, help="one GPU's forward and backward, ms")
     parser.add_argument("--fusion-mb", type=float, default=128.0)
     parser.add_argument("--cycle-ms", type=float, default=1.0)
+    parser.add_argument("--gpu-spread", type=float, default=GPU_SPREAD * 100,
+                        help="fastest to slowest GPU, %% of the median's speed (default: Sinha et al. 2022)")
     parser.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
                         help="gradients on the wire in 16 bits (the cast on the GPU is not counted)")
     args = parser.parse_args(argv)
     cluster = Cluster(1, args.gpus_per_node, args.intra_gbytes, args.intra_latency_us * 1e-6, args.inter_gbit,
-                      args.inter_latency_us * 1e-6)
+                      args.inter_latency_us * 1e-6, gpu_spread=args.gpu_spread / 100)
     workload = Workload.even("model", args.gradient_mb * 1e6, args.layers, args.step_ms * 1e-3)
     workload = workload.compressed(0.5 if args.compression != "none" else 1.0)
     engine = Engine(int(args.fusion_mb * (1 << 20)), args.cycle_ms * 1e-3)

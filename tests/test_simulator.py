@@ -1,5 +1,6 @@
 """The cluster simulator as pure logic: its allreduce is the cost model's, a step overlaps the
-allreduces with the backward pass as the engine would, fusion and the cycle as configured."""
+allreduces with the backward pass as the engine would, fusion and the cycle as configured, and
+runs at the pace of the job's slowest GPU."""
 
 import dataclasses
 import subprocess
@@ -10,8 +11,9 @@ import pytest
 from ringreduce import simulator
 from ringreduce.algorithms import cost
 
+# GPUs of one speed, so that the timeline's own tests come out in round numbers.
 CLUSTER = simulator.Cluster(nodes=4, gpus_per_node=4, intra_gbytes=100.0, intra_latency=2e-6, inter_gbit=100.0,
-                            inter_latency=5e-6)
+                            inter_latency=5e-6, gpu_spread=0.0)
 
 
 def test_an_allreduce_costs_what_the_cost_model_says():
@@ -53,6 +55,24 @@ def test_communication_hidden_behind_the_backward_pass_costs_nothing():
     assert step.seconds == pytest.approx(0.151) and step.exposed == 0
 
 
+def test_the_step_runs_at_the_pace_of_the_slowest_gpu():
+    """Speeds spread evenly over 8 % about the median: the least of n of them is expected 4 % (n-1)/(n+1)
+    below it, so a compute-bound step loses that share at any scale, and nothing on one GPU."""
+    spread = dataclasses.replace(CLUSTER, gpu_spread=0.08)
+    assert spread.slowest_speed() == pytest.approx(1 - 0.04 * 15 / 17)
+    assert spread.with_gpus(1).slowest_speed() == 1.0 and simulator.Cluster(1, 1, 1, 0, 1, 0).gpu_spread == 0.08
+    early = simulator.Workload("early", 0.05, ((1 << 20, 0.001), (0, 0.100)))
+    assert simulator.step(spread, early).seconds == pytest.approx(0.151 / spread.slowest_speed())
+    assert simulator.step(spread, early).efficiency == pytest.approx(spread.slowest_speed())
+    # A step bound by its allreduce loses only the delay of the gradient it waits for: the rest of
+    # the slowest GPU's backward pass hides behind the communication.
+    bound = simulator.Workload("bound", 0.05, ((1 << 30, 0.001), (0, 0.05)))
+    engine = simulator.Engine(cycle=1e-6)
+    one_speed = simulator.step(CLUSTER, bound, "ring", engine)
+    slower = simulator.step(spread, bound, "ring", engine).seconds - one_speed.seconds
+    assert slower == pytest.approx(0.051 * (1 / spread.slowest_speed() - 1), rel=0.01)
+
+
 def test_scaling_covers_2_to_16384_gpus_with_the_model_choice_about_the_best():
     work = simulator.Workload.even("m", 100e6, 50, 0.1)
     table = simulator.scaling(CLUSTER, work)
@@ -73,7 +93,13 @@ def test_compression_halves_the_bytes_and_helps_a_bandwidth_bound_model():
 
 
 def test_the_command_line_prints_every_scale():
-    out = subprocess.run([sys.executable, "-m", "ringreduce.simulator", "--gradient-mb", "98", "--step-ms", "100"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "ringreduce.simulator", "--gradient-mb", "98", "--step-ms", "100",
+                               *extra], capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+
+    out = run()
     assert out[0].split()[:3] == ["GPUs", "chosen", "ring"]
     assert [int(line.split()[0]) for line in out[1:]] == simulator.SCALES
+    # 2 GPUs of the default spread: the slower is expected 8 %/6 below the median; of one speed, none.
+    assert float(out[1].split()[1].rstrip("%")) < 100 * (1 - 0.08 / 6) + 0.05
+    assert float(run("--gpu-spread", "0")[1].split()[1].rstrip("%")) > float(out[1].split()[1].rstrip("%"))
