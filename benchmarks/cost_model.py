@@ -1,7 +1,8 @@
 """The cost model against measurement, without circularity: the short probe (calibration.py) on
 two ranks predicts held-out cases it never ran: every family's allreduce at 1 KiB to 256 MiB, at
 this job's number of ranks and hosts. Each case also records what the same profile predicts without
-its fresh-data term (cost.Link.fresh), to show what that term does in the same rounds.
+its fresh-data term (cost.Link.fresh) and without its shared-memory handover (cost.Profile.shm_handover),
+to show what each term does in the same rounds.
 
     rrun -np 3 python benchmarks/cost_model.py --label "one host"
     rrun -np 4 python benchmarks/cost_model.py --probe-on-all --label "one host, probed on 4"
@@ -88,16 +89,20 @@ def main():
     built = families(comm, place, host_comm, cross_comm)
     cases = [(name, n) for name in built for n in SIZES
              if n <= args.max_bytes and not (name == "tree" and n > 16 << 20)]
-    measured, predicted, without_fresh = ({case: [] for case in cases} for _ in range(3))
+    measured, predicted = ({case: [] for case in cases} for _ in range(2))
+    alternatives = {key: {case: [] for case in cases} for key in ("without_fresh", "without_handover")}
     for _ in range(args.rounds):
         profile = (cost.load(args.profile) if args.profile
                    else calibration.measure(comm)[0] if args.probe_on_all else probe_on_two(comm))
         model = cost.Model(profile, shape)
-        plain = cost.Model(dataclasses.replace(profile, host=dataclasses.replace(profile.host, fresh=None)), shape)
+        without = {"without_fresh": dataclasses.replace(profile, host=dataclasses.replace(profile.host, fresh=None)),
+                   "without_handover": dataclasses.replace(profile, shm_handover=0.0)}
+        without = {key: cost.Model(other, shape) for key, other in without.items()}
         for name, nbytes in cases:
             measured[name, nbytes].append(seconds(comm, built[name], nbytes, args.budget))
             predicted[name, nbytes].append(model.allreduce(name, nbytes))
-            without_fresh[name, nbytes].append(plain.allreduce(name, nbytes))
+            for key, other in without.items():
+                alternatives[key][name, nbytes].append(other.allreduce(name, nbytes))
     if comm.rank == 0:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=pathlib.Path(__file__).parent).stdout.strip()
@@ -108,7 +113,7 @@ def main():
                        "median": statistics.median(measured[name, nbytes]),
                        "min": min(measured[name, nbytes]), "max": max(measured[name, nbytes]),
                        "predicted": statistics.median(predicted[name, nbytes]),
-                       "without_fresh": statistics.median(without_fresh[name, nbytes])}
+                       **{key: statistics.median(values[name, nbytes]) for key, values in alternatives.items()}}
                 out.write(json.dumps(row) + "\n")
                 print(f"{name:17s} {nbytes:>10d} B  measured {row['median'] * 1e3:9.3f} ms "
                       f"(rounds {row['min'] * 1e3:.3f}-{row['max'] * 1e3:.3f})  "

@@ -1,7 +1,7 @@
 """The summary of benchmarks/results/cost_model.jsonl that docs/cost_model.md quotes: per setting
 (label, ranks, hosts), how many held-out cases of 64 KiB to 256 MiB the model predicts within 25 %
-of the measured median, the median and worst error, per family; below 64 KiB the spread between
-rounds instead.
+of the measured median (and, where recorded, the same rounds' predictions without one term), the
+median and worst error, per family; below 64 KiB the spread between rounds instead.
 
     python benchmarks/cost_model_summary.py [--commit SHORT_SHA]
 """
@@ -25,20 +25,20 @@ def main():
     settings = collections.defaultdict(list)
     for row in rows:
         settings[row["label"], row["ranks"], row["hosts"]].append(row)
-    print("| setting | ranks | family | within 25 % (64 KiB+) | without the fresh-data term | median error | worst "
-          "| below 64 KiB: round spread |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| setting | ranks | family | within 25 % (64 KiB+) | without the fresh-data term "
+          "| without the handover term | median error | worst | below 64 KiB: round spread |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (label, ranks, hosts), cases in settings.items():
         for family in dict.fromkeys(row["family"] for row in cases):
             mine = [row for row in cases if row["family"] == family]
             large = [row for row in mine if row["bytes"] >= SMALL]
             errors = [row["predicted"] / row["median"] - 1 for row in large]
             small = [row["max"] / row["min"] for row in mine if row["bytes"] < SMALL]
-            plain = (f"{_within(large, 'without_fresh')} of {len(large)}"
-                     if all("without_fresh" in row for row in large) else "-")
+            without = [f"{_within(large, key)} of {len(large)}" if all(key in row for row in large) else "-"
+                       for key in ("without_fresh", "without_handover")]
             print(f"| {label} | {ranks} on {hosts} | {family} | {_within(large, 'predicted')} of {len(large)} | "
-                  f"{plain} | {statistics.median(abs(e) for e in errors):.0%} | {max(errors, key=abs):+.0%} | "
-                  + (f"{max(small):.1f}x |" if small else "- |"))
+                  f"{' | '.join(without)} | {statistics.median(abs(e) for e in errors):.0%} | "
+                  f"{max(errors, key=abs):+.0%} | " + (f"{max(small):.1f}x |" if small else "- |"))
 
 
 def _within(rows, key):

@@ -88,12 +88,12 @@ def test_profile_saved_and_loaded(tmp_path):
     assert cost.load(tmp_path / "missing.json") is cost.DEFAULT
 
 
-def test_a_profile_saved_before_the_fresh_data_term_still_loads(tmp_path):
+def test_a_profile_saved_before_the_fresh_data_and_handover_terms_still_loads(tmp_path):
     fields = json.loads(cost.DEFAULT.to_json())
-    del fields["core_cache_bytes"], fields["host"]["fresh"], fields["mpi"]["fresh"]
+    del fields["core_cache_bytes"], fields["host"]["fresh"], fields["mpi"]["fresh"], fields["shm_handover"]
     (tmp_path / "old.json").write_text(json.dumps(fields))
     old = cost.load(tmp_path / "old.json")
-    assert old.core_cache_bytes == 0 and old.host.fresh is None
+    assert old.core_cache_bytes == 0 and old.host.fresh is None and old.shm_handover == 0.0
     assert old.host.alpha == cost.DEFAULT.host.alpha and old.calls == cost.DEFAULT.calls
 
 
@@ -131,6 +131,24 @@ def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
     across = cost.Model(dataclasses.replace(fresh, network=cost.Link(0.0, cost.PerByte(0.0, 0.0))),
                         cost.Shape(2, hosts=2))
     assert across.allreduce("ring", 512 << 10) == 0.0
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_shared_memory_pays_the_handover_for_every_byte_read_from_another_ranks_slot(ranks):
+    """One second per such byte and nothing else: the allreduce reads the others' slices to reduce
+    its own and the others' reduced slices to copy out, 2 (k-1)/k of the array; the reduce-scatter
+    copies out only its share; the allgather reads the others' parts, the broadcast the root's
+    array; on any number of cores (the lines move between caches whichever process runs)."""
+    n = 3 << 20
+    for cores in (1, 64):
+        profile = dataclasses.replace(_profile(alpha=0.0, cores=cores), shm_handover=1.0)
+        model = cost.Model(profile, cost.Shape(ranks))
+        others = (ranks - 1) / ranks
+        assert model.allreduce("shm", n) == pytest.approx(2 * others * n)
+        assert model.reducescatter("shm", n) == pytest.approx(others * n + others * n / ranks)
+        assert model.allgather("shm", n) == pytest.approx(others * n)
+        assert model.broadcast("shm", n) == pytest.approx(n)
+    assert cost.Model(_profile(alpha=0.0), cost.Shape(ranks)).allreduce("shm", n) == 0.0
 
 
 def test_the_caches_come_from_sysfs_by_level(tmp_path):
@@ -207,6 +225,7 @@ def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     assert set(profile.calls) == {"ring", "halving_doubling", "tree", "mpi", "shm"}
     assert profile.core_cache_bytes == calibration._caches().get(2, 0)
     assert (profile.host.fresh is not None) == (profile.core_cache_bytes >= 64 << 10)
+    assert profile.shm_handover >= 0.0 and profile.shm_handover < 1e-8  # under 10 ns a byte, on any machine
     explained = _rrun("-np", "3", "--explain", "--profile", str(path))
     assert explained.returncode == 0, explained.stderr
     assert f"cost model profile: {path}" in explained.stdout and "choice for 3 ranks on 1 host(s):" in explained.stdout

@@ -7,8 +7,9 @@ seconds of ping-pongs, reductions, copies, barriers and tiny collectives, collec
 It measures the parts, never the collectives it predicts: each link's latency and cost per byte
 (in cache and from memory) by ping-pong between two ranks while the others wait, the cost per
 byte of reducing and of copying on one rank, the shared segment's barrier, and each family's
-fixed cost per call from an allreduce of 8 bytes. Two measurements are of data flows rather than
+fixed cost per call from an allreduce of 8 bytes. Three measurements are of data flows rather than
 parts: what messages of data just combined cost more between two cores (a ring's two steps at one
+size), what reading another core's writes from the shared segment costs more (its allreduce at one
 size), and the MPI library's own allreduce, whose internals are its own, at two sizes.
 """
 
@@ -34,6 +35,7 @@ from ringreduce.ops import ReduceOp
 IN_CACHE = 2 << 20  # beyond a core's L2, inside the shared L3 of the machines we know
 FROM_MEMORY = 64 << 20
 ACROSS = (256 << 10, 4 << 20)  # a slow network link's cost per byte is the same at any size
+SHM_PROBE = 2 << 20  # the shared-memory allreduce's size in the probe: a few pieces, in the cache
 
 
 def measure(comm, piece_bytes=1 << 20):
@@ -60,6 +62,7 @@ def measure(comm, piece_bytes=1 << 20):
                          cache_bytes=cache_bytes, cores=cores, core_cache_bytes=caches.get(2, 0),
                          shm_piece_bytes=piece_bytes, source="measured")
     draft = dataclasses.replace(draft, host=dataclasses.replace(host, fresh=probe.fresh(*pair, draft)))
+    draft = dataclasses.replace(draft, shm_handover=probe.shm_handover(segment, draft, place))
     families = _families(comm, segment, cross_comm, place)
     draft = dataclasses.replace(draft, mpi=dataclasses.replace(
         mpi, exchange=probe.mpi_per_byte(families["mpi"], draft, place)))
@@ -268,6 +271,17 @@ class _Probe:
             family.allreduce(buf, ReduceOp.SUM)
             samples.append(time.perf_counter() - start)
         return self.agreed(max(self.comm.allgather(statistics.median(samples[1:]))))
+
+    def shm_handover(self, segment, draft, place):
+        """cost.Profile.shm_handover: the shared-memory allreduce of SHM_PROBE bytes on every
+        host's ranks at once, less what the `draft` profile predicts for it, per byte a rank reads
+        from the slots the others have just written. 0 where a host has one rank."""
+        if segment is None:
+            return 0.0
+        measured = self._allreduce_seconds(SharedMemory(segment), SHM_PROBE, 30)
+        k = place.local_size
+        predicted = cost.Model(draft, cost.Shape(k))._allreduce_shm(SHM_PROBE)
+        return max(0.0, measured - predicted) / (2 * (k - 1) / k * SHM_PROBE)
 
     def call(self, family):
         return self._allreduce_seconds(family, 8, 100)

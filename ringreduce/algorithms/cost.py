@@ -72,6 +72,10 @@ class Profile:
     cores: int  # per host
     core_cache_bytes: int = 0  # a core's private cache (its L2): where Link.fresh applies; 0: unknown
     shm_piece_bytes: int = 1 << 20  # the shared-memory family's piece per rank (RINGREDUCE_SHM_PIECE_BYTES)
+    # Seconds per byte more when a rank reads what another rank's core has just written into the
+    # shared segment (its cache lines move between the cores' private caches); not crowded: the
+    # lines move whichever process a core runs. 0: not measured.
+    shm_handover: float = 0.0
     source: str = "built in"
 
     def to_json(self):
@@ -226,14 +230,22 @@ class Model:
         reduces its own slice from every rank's slot, and copies every reduced slice out. The
         segment's pieces are small and stay in the cache, so every copy and reduction has one
         side in the cache and the array's side in its own regime."""
+        return self._shm_reduce(n, copied_out=n)
+
+    def _shm_reduce(self, n, copied_out):
+        """The shared-memory allreduce of `n` bytes, of whose result each rank copies `copied_out`
+        bytes out of the segment (the reduce-scatter: its own share). Every slice a rank reads from
+        another's slot was just written there by that rank's core."""
         k = self.shape.local
         if k == 1:
             return 0.0
         pieces = max(1, math.ceil(n / self.p.shm_piece_bytes))
         ws = self._working_set(n, 1.0)
         others = (k - 1) / k * n
-        return (pieces * 2 * self._barrier() + (others + n) * self._half_cached(self.p.copy, ws)
-                + others * self._half_cached(self.p.combine, ws))
+        copied = others + copied_out
+        handed_over = others + (k - 1) / k * copied_out
+        return (pieces * 2 * self._barrier() + copied * self._half_cached(self.p.copy, ws)
+                + others * self._half_cached(self.p.combine, ws) + handed_over * self.p.shm_handover)
 
     def _half_cached(self, per_byte, working_set):
         return (per_byte.cache + per_byte.at(working_set, self.p.cache_bytes)) / 2 * self.crowding
@@ -266,18 +278,19 @@ class Model:
         """`count` exchanges one after another that carry `nbytes` between them."""
         return count * self._send(nbytes / count, across, ws, link=link, exchange=True)
 
-    def _shm_pass(self, copied, n):
-        """The shared-memory family's barriers for an array of `n` bytes and its copies of `copied` bytes."""
-        return 2 * self._barrier() * max(1, math.ceil(n / self.p.shm_piece_bytes)) + self._copy(
-            copied, self._working_set(n, 1.0))
+    def _shm_pass(self, copied, n, handed_over):
+        """The shared-memory family's barriers for an array of `n` bytes, its copies of `copied`
+        bytes, of which `handed_over` read what another rank has just written."""
+        return (2 * self._barrier() * max(1, math.ceil(n / self.p.shm_piece_bytes))
+                + self._copy(copied, self._working_set(n, 1.0)) + handed_over * self.p.shm_handover)
 
     def reducescatter(self, family, n):
         p, across = self.shape.ranks, self.shape.hosts > 1
         ws, m = self._working_set(n), n / p
         if p == 1:
             cost = 0.0
-        elif family == "shm":  # the allreduce without copying out the others' slices
-            cost = self._allreduce_shm(n) - self._copy(n - n / self.shape.local, ws)
+        elif family == "shm":  # the allreduce, copying out only this rank's share
+            cost = self._shm_reduce(n, copied_out=m)
         else:
             link = self.p.mpi if family == "mpi" else None
             count = math.ceil(math.log2(p)) if family == "mpi" else p - 1
@@ -290,7 +303,7 @@ class Model:
         if p == 1:
             cost = 0.0
         elif family == "shm":
-            cost = self._shm_pass(n / self.shape.local + n, n)
+            cost = self._shm_pass(n / self.shape.local + n, n, (self.shape.local - 1) / self.shape.local * n)
         elif family in ("halving_doubling", "mpi"):
             link = self.p.mpi if family == "mpi" else None
             width = 1 << (p.bit_length() - 1)
@@ -308,7 +321,7 @@ class Model:
         if p == 1:
             cost = 0.0
         elif family == "shm":
-            cost = self._shm_pass(2 * n, n)
+            cost = self._shm_pass(2 * n, n, n)
         elif family == "mpi":  # a scatter and an allgather for large arrays
             cost = self._messages(rounds, 2 * (p - 1) / p * n, across, ws, self.p.mpi)
         else:  # down the binomial tree, in pieces that pipeline its levels
@@ -412,7 +425,9 @@ def explain(profile, shape, hierarchical=None):
     lines = [f"cost model profile: {profile.source}",
              link("host", profile.host), link("network", profile.network), link("mpi", profile.mpi),
              per_byte("reduce", profile.combine), per_byte("copy", profile.copy),
-             f"  barrier   {profile.barrier * 1e6:.2f} us; cache {_bytes_text(profile.cache_bytes)}"
+             f"  barrier   {profile.barrier * 1e6:.2f} us"
+             + (f"; {profile.shm_handover * 1e9:.3f} ns a byte more to read another core's writes"
+                if profile.shm_handover else "") + f"; cache {_bytes_text(profile.cache_bytes)}"
              + (f", a core's {_bytes_text(profile.core_cache_bytes)}" if profile.core_cache_bytes else "") + "; "
              f"{profile.cores} cores per host",
              "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items()),
