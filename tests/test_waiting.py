@@ -1,0 +1,80 @@
+"""How ringreduce waits for MPI requests, as pure logic: a fake clock and fake requests stand in
+for MPI's progress, so the test says what the wait does, not how fast a machine runs it."""
+
+import types
+
+import pytest
+
+from ringreduce.machine import transport
+
+
+class _Progress:
+    """MPI.Request.Testsome over fake requests: each call takes `step` seconds of the fake clock
+    and completes the first pending request once it has been polled `polls_each` times."""
+
+    def __init__(self, clock, step, polls_each):
+        self.clock, self.step, self.polls_each, self.polls = clock, step, polls_each, 0
+
+    def Testsome(self, pending):
+        self.clock.now += self.step
+        self.polls += 1
+        if not pending:
+            return None
+        if self.polls % self.polls_each == 0:
+            return [0]
+        return []
+
+
+class _Clock:
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_mpi(monkeypatch):
+    clock = _Clock()
+
+    def install(step, polls_each):
+        progress = _Progress(clock, step, polls_each)
+        monkeypatch.setattr(transport, "MPI", types.SimpleNamespace(Request=progress))
+        monkeypatch.setattr(transport, "time", types.SimpleNamespace(perf_counter=clock.perf_counter,
+                                                                     sleep=clock.sleep))
+        monkeypatch.setattr(transport.os, "sched_yield", lambda: None)
+        monkeypatch.setattr(transport.faults, "check", lambda: None)
+        return progress
+
+    return clock, install
+
+
+def test_a_transfer_in_pieces_is_polled_afresh_after_each_piece(fake_mpi):
+    """64 pieces, each done after 3 polls of 100 us: past the first 200 us a single wait would
+    sleep between pieces; restarted at each piece, it never sleeps."""
+    clock, install = fake_mpi
+    progress = install(step=100e-6, polls_each=3)
+    transport.wait_all([object() for _ in range(64)])
+    assert progress.polls == 64 * 3 and clock.slept == []
+
+
+def test_a_request_that_stays_pending_is_waited_for_asleep(fake_mpi):
+    """Nothing completes for 50 ms: after polling for YIELD_SECONDS the wait sleeps, a quarter of
+    the time waited so far and at most MAX_SLEEP_SECONDS at a time."""
+    clock, install = fake_mpi
+    install(step=10e-6, polls_each=5000)
+    transport.wait_all([object()])
+    assert clock.slept and max(clock.slept) == transport.MAX_SLEEP_SECONDS
+    assert clock.slept[0] == pytest.approx((transport.YIELD_SECONDS + 10e-6) / 4, rel=0.1)
+    assert sum(clock.slept) < clock.now
+
+
+def test_nothing_to_wait_for_returns_at_once(fake_mpi):
+    _, install = fake_mpi
+    progress = install(step=1.0, polls_each=1)
+    transport.wait_all([])
+    assert progress.polls == 0
