@@ -195,19 +195,27 @@ class Model:
         return 2 * (p - 1) * self._send(m, across, ws, exchange=True) + (p - 1) * self._combine(m, ws)
 
     def _allreduce_halving_doubling(self, n, link=None):
+        """Where the rank count is not a power of two, ringreduce's ranks that sit a phase out
+        sleep through it and leave the cores to the ranks at work; MPI's own (`link`) spin."""
         p, k = self.shape.ranks, self.shape.local
         if p == 1:
             return 0.0
         width = 1 << (p.bit_length() - 1)
         ws = self._working_set(n)
+        folded = 2 * (p - width)  # the first ranks: pairs whose even rank sits out between fold and unfold
+        # The busiest host at work in each phase: the fold's pairs, then (on the last host, where
+        # the fewest sit out) all but the even folded ranks there.
+        fold_model = self if link else Model(self.p, self.shape, active=min(k, folded))
+        last_host_sitting_out = max(0, (folded + 1) // 2 - (p - k + 1) // 2)
+        model = self if link or width == p else Model(self.p, self.shape, active=k - last_host_sitting_out)
         total = 0.0
         if width < p:  # the fold and the unfold: whole arrays between neighbours
-            total += 2 * self._send(n, k == 1, ws, link=link) + self._combine(n, ws)
+            total += 2 * fold_model._send(n, k == 1, ws, link=link) + fold_model._combine(n, ws)
         distance, m = width // 2, n / 2
         while distance >= 1:
             across = distance >= k and self.shape.hosts > 1
             sharing = min(k, width) if across else 1
-            total += 2 * self._send(m, across, ws, sharing, link, exchange=True) + self._combine(m, ws)
+            total += 2 * model._send(m, across, ws, sharing, link, exchange=True) + model._combine(m, ws)
             distance, m = distance // 2, m / 2
         return total
 
@@ -220,7 +228,8 @@ class Model:
         ws = self._working_set(n, 1 + rounds)
         total = 0.0
         for index in range(rounds):
-            at_work = Model(self.p, self.shape, active=min(k, 2 * math.ceil(k / 2 ** (index + 1))))
+            pairs = math.ceil((k - 2 ** index) / 2 ** (index + 1))  # a rank without a partner waits
+            at_work = Model(self.p, self.shape, active=min(k, 2 * max(1, pairs)))
             across = index >= rounds - crossing  # the largest spans of the tree join hosts
             total += 2 * at_work._send(n, across, ws) + at_work._combine(n, ws)
         return total
