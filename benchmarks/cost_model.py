@@ -62,7 +62,11 @@ def _one(comm, family, buf):
     comm.Barrier()  # MPI's own: it spins, so every rank leaves it within microseconds
     start = time.perf_counter()
     family.allreduce(buf, ReduceOp.SUM)
-    return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    elapsed = time.perf_counter() - start
+    # A rank done early waits as a job's would, asleep: spinning in MPI's allreduce, it would take
+    # a core from the ranks still at work (3 ranks on 2 cores: the unfold of halving and doubling).
+    wait_all([comm.Ibarrier()])
+    return comm.allreduce(elapsed, op=MPI.MAX)
 
 
 def probe_on_two(comm):

@@ -56,6 +56,22 @@ def test_ranks_beyond_the_cores_share_them():
     assert crowded.allreduce("ring", 100) == 2 * roomy.allreduce("ring", 100)
 
 
+@pytest.mark.parametrize("ranks, hd, tree", [(3, 2 + 2, 2 + 2), (5, 2 + 4 * 2, 2 * 2 + 2 + 2),
+                                             (6, 2 * 2 + 4 * 2, 2 * 3 + 2 + 2)])
+def test_only_the_ranks_at_work_crowd_the_cores(ranks, hd, tree):
+    """One second a message, 2 cores: ringreduce's ranks that sit a phase out sleep through it. At
+    3 ranks halving and doubling's fold, middle and unfold each have two ranks at work, as each of
+    the tree's rounds has (rank 2 has no partner in the first); at 5, the fold two and the middle
+    four (two to a core); at 6, four and four. MPI's own spin while they wait."""
+    model = cost.Model(_profile(alpha=1.0, cores=2), cost.Shape(ranks))
+    crowding = math.ceil(ranks / 2)
+    width = 1 << (ranks.bit_length() - 1)
+    assert model.allreduce("halving_doubling", 1000) == hd
+    assert model.allreduce("mpi", 1000) == (2 * math.log2(width) + 2) * crowding
+    assert model.allreduce("tree", 1000) == tree
+    assert model.allreduce("ring", 1000) == 2 * (ranks - 1) * crowding
+
+
 def test_a_shared_network_link_is_shared_by_the_ranks_crossing_it():
     """Halving across two hosts of four ranks: the first step's halves (n/2 each) cross from all
     four ranks of a host at once; the ring sends one message per host at each step."""
