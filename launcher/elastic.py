@@ -265,8 +265,9 @@ def placement_host(reported, names):
 
 
 class _HostWatcher:
-    """Runs the discovery script while a generation runs; tells the ranks (once) when the hosts
-    they could use differ from the ones they run on, so they resize at their next commit."""
+    """Runs the discovery script while a generation runs; tells the ranks (once, those still
+    starting too) when the hosts they could use differ from the ones they run on, so they resize at
+    their next commit."""
 
     def __init__(self, run, placement, link_server):
         self.run, self.placement, self.link_server = run, dict(placement), link_server
@@ -296,7 +297,7 @@ class _HostWatcher:
                 what = [f"{slots} usable slots for {size} ranks"] if can_grow else []
                 what += [f"hosts gone: {', '.join(sorted(lost))}"] if lost else []
                 _say(f"discovery: {'; '.join(what)}; the ranks resize at their next commit")
-                self.link_server.notify("hosts-updated")
+                self.link_server.announce("hosts-updated")
                 return
 
 

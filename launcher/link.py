@@ -23,6 +23,7 @@ class LinkServer:
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._lock = threading.Lock()
         self._peers = {}  # socket -> _Peer
+        self._announced = b""  # the notices every rank of the job watched now must hear (announce)
         self._closed = threading.Event()
         self.messages = []  # (time, rank, message) of the ranks' messages other than beats
         self._silent_reported = False
@@ -40,11 +41,20 @@ class LinkServer:
         with self._lock:
             for peer in list(self._peers.values()):
                 self._drop(peer)
-            self.supervisor, self._silent_reported = supervisor, False
+            self.supervisor, self._silent_reported, self._announced = supervisor, False, b""
 
     def notify(self, kind, **fields):
         """Send a notice to every connected rank."""
         with self._lock:
+            for peer in self._peers.values():
+                peer.outgoing += protocol.link_message(kind, **fields)
+
+    def announce(self, kind, **fields):
+        """Send a notice to every rank of the job watched now, those that connect later too: a
+        rank still starting (importing its framework, seconds on a slow host) would miss one sent
+        only to the ranks connected."""
+        with self._lock:
+            self._announced += protocol.link_message(kind, **fields)
             for peer in self._peers.values():
                 peer.outgoing += protocol.link_message(kind, **fields)
 
@@ -86,6 +96,7 @@ class LinkServer:
         connection.setblocking(False)
         peer = _Peer(connection)
         with self._lock:
+            peer.outgoing = self._announced
             self._peers[connection] = peer
         self._selector.register(connection, selectors.EVENT_READ, peer)
 

@@ -8,12 +8,14 @@ on in place. The hosts' own storage, a lost host and a cut link are in test_clus
 import importlib.util
 import json
 import os
+import socket
 import stat
+import time
 
 import pytest
 import torch
 
-from ringreduce.launcher import elastic
+from ringreduce.launcher import elastic, link, protocol
 from ringreduce.launcher.errors import LaunchError
 
 from launch import WORKERS, python_of, run_job
@@ -253,3 +255,36 @@ def test_under_open_mpi_with_ulfm_the_survivors_of_a_killed_rank_go_on_in_place(
     assert "rrun: rank 2 (on " in job.stderr and "the 2 others go on in place from their last commit" in job.stderr
     died = events(job, "DYING")[0]["time"]
     assert resumed[1]["time"] - died < 3, resumed[1]["time"] - died
+
+
+def _kinds_heard(address, seconds=1.5):
+    """The kinds of the notices a rank connecting to rrun's link at `address` hears in `seconds`."""
+    host, port = address.rsplit(":", 1)
+    heard, received = [], b""
+    with socket.create_connection((host, int(port)), timeout=seconds) as connection:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                received += connection.recv(65536)
+            except TimeoutError:
+                break
+            *lines, received = received.split(b"\n")
+            heard += [json.loads(line)["kind"] for line in lines]
+    return [kind for kind in heard if kind != "beat"]
+
+
+def test_a_rank_that_connects_after_the_hosts_changed_is_told_too():
+    """Discovery may find the hosts changed before a generation's ranks have connected to rrun's link
+    (still importing their framework): an announced notice reaches them when they connect; one for
+    the ranks connected at the time does not; a new generation starts without the last one's."""
+    server = link.LinkServer(timeout=30)
+    try:
+        address = server.env(["localhost"])[protocol.LINK_VARIABLE]
+        server.watch(None)
+        server.notify("rank-failed", why="only for the ranks connected")
+        server.announce("hosts-updated")
+        assert _kinds_heard(address) == ["hosts-updated"]
+        server.watch(None)
+        assert _kinds_heard(address) == []
+    finally:
+        server.close()
