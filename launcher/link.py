@@ -46,17 +46,21 @@ class LinkServer:
     def notify(self, kind, **fields):
         """Send a notice to every connected rank."""
         with self._lock:
-            for peer in self._peers.values():
-                peer.outgoing += protocol.link_message(kind, **fields)
+            self._to_connected(protocol.link_message(kind, **fields))
 
     def announce(self, kind, **fields):
         """Send a notice to every rank of the job watched now, those that connect later too: a
         rank still starting (importing its framework, seconds on a slow host) would miss one sent
         only to the ranks connected."""
         with self._lock:
-            self._announced += protocol.link_message(kind, **fields)
-            for peer in self._peers.values():
-                peer.outgoing += protocol.link_message(kind, **fields)
+            message = protocol.link_message(kind, **fields)
+            self._announced += message
+            self._to_connected(message)
+
+    def _to_connected(self, message):
+        """Queue `message` for every connected rank (the lock held)."""
+        for peer in self._peers.values():
+            peer.outgoing += message
 
     def ranks(self):
         """{rank: host} of the ranks connected now."""
