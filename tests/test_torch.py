@@ -123,15 +123,16 @@ def test_the_lent_torch_kernels_give_numpys_results_bit_for_bit_through_real_ran
                 assert np.all(excess <= 0), (key, excess.max())
 
 
+@pytest.mark.timeout(300)  # 13 options of 420 steps: 30-70 s on the 2-core VMs, more when they are shared
 def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_one_does_not():
-    """Fixed seeds (two), 20 epochs at 2 ranks: each option's mean test accuracy within 1 point of
+    """A fixed seed, 20 epochs at 2 ranks: each option's test accuracy within 1 point of
     uncompressed synchronous SGD's or above it; the negative control (a compressor that sends zeros)
     shows that the test can fail. 20 epochs, because top-k at 1 % is slow to start: at 5 and 10
-    epochs it is several points behind (docs/communication.md, six seeds at 5, 10 and 20)."""
-    job = run_job(2, "torch_convergence.py", 20, 2, timeout=180)
+    epochs it is several points behind (docs/communication.md, six seeds at 5, 10 and 20). One seed
+    (the job is deterministic): two doubled a test that took up to 145 s on a shared VM."""
+    job = run_job(2, "torch_convergence.py", 20, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
-    (by_seed,) = reports(job, 0)
-    accuracy = {name: sum(values) / len(values) for name, values in by_seed.items()}
+    (accuracy,) = reports(job, 0)
     control = accuracy.pop("drop (negative control)")
     assert accuracy["none"] > 95, accuracy
     assert {"PowerSGD rank 1", "PowerSGD rank 4", "local SGD H=4", "stale averaging", "fp16", "bf16",
