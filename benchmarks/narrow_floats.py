@@ -19,7 +19,7 @@ import torch
 
 import ringreduce as core
 import ringreduce.torch  # noqa: F401 - lends its kernels
-from ringreduce import kernels, ops
+from ringreduce import kernels, ops, reduction
 from ringreduce.compression import bfloat16
 from ringreduce.torch.kernels import TorchKernels
 
@@ -48,7 +48,7 @@ def kernel_rates():
     for lender, lent in LENDERS.items():
         kernels.lend(lent)
         for name, wire in narrow.items():
-            target, add = np.empty_like(wire), ops.ufunc(ops.Sum, wire.dtype)
+            target, add = np.empty_like(wire), reduction.ufunc(ops.Sum, wire.dtype)
             work = {f"float32 to {name}": lambda t=target: kernels.cast_into(t, single),
                     f"{name} to float32": lambda w=wire: kernels.cast_into(copy, w),
                     f"{name} sum": lambda t=target, w=wire, add=add: add(t, w, out=t)}

@@ -12,7 +12,7 @@ import typing
 
 import numpy as np
 
-from ringreduce import arrays, ops, preemption, runtime
+from ringreduce import arrays, ops, preemption, reduction, runtime
 from ringreduce import compression as compressions
 from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
@@ -325,7 +325,7 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     arrays.check_dtype(array)
     op = ops.as_op(op)
     prescale, postscale = float(prescale_factor), float(postscale_factor)
-    ops.check_op(op, array.dtype, prescale, postscale)
+    reduction.check_op(op, array.dtype, prescale, postscale)
     fields = _about(array, op=op, prescale=prescale, postscale=postscale,
                     compression=compressions.check(compression))
     if fields["compression"] == "bf16" and fields["device"] == "cuda":

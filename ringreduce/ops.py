@@ -1,16 +1,11 @@
-"""Reduction operations and the scaling applied around them.
+"""The reduction operations users name: Horovod's names and values, Average the default.
 
-The names and meanings follow Horovod: Average is the default, prescale multiplies each
-rank's input before the reduction, postscale multiplies the result after it.
+Without numpy, so that rrun and its per-rank wrapper, which import the package, start without
+it (reduction.py applies the ops to arrays).
 """
 
 import enum
 import warnings
-
-import numpy as np
-
-from ringreduce import kernels
-from ringreduce.errors import UnsupportedDtypeError
 
 
 class ReduceOp(enum.IntEnum):
@@ -30,14 +25,6 @@ Adasum = ReduceOp.ADASUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
-
-_UFUNCS = {
-    ReduceOp.AVERAGE: np.add,
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
-}
 
 
 def as_op(op):
@@ -61,62 +48,3 @@ def from_average(op, average, stacklevel=3):
     warnings.warn("the average argument is deprecated; use op=Average or op=Sum", DeprecationWarning,
                   stacklevel=stacklevel)
     return Average if average else Sum
-
-
-def ufunc(op, dtype=None):
-    """The element-wise function that combines two ranks' values (of `dtype`): numpy's, or for a
-    narrow float the kernel a binding lent (kernels.py)."""
-    return _UFUNCS[op] if dtype is None else kernels.combiner(_UFUNCS[op], op, np.dtype(dtype))
-
-
-def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
-    """Raise if `op` or the scaling has no meaning for `dtype` (bool supports only Min/Max/Product)."""
-    if op == ReduceOp.ADASUM:
-        raise ValueError("Adasum is not offered by ringreduce; use Average (or Sum)")
-    if dtype == np.bool_:
-        if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-            raise UnsupportedDtypeError(
-                f"{op.name.capitalize()} is not defined for bool arrays; "
-                "use Min (logical and), Max (logical or) or Product"
-            )
-        if prescale_factor != 1.0 or postscale_factor != 1.0:
-            raise UnsupportedDtypeError("bool arrays cannot be scaled")
-
-
-def scale(source, factor, out=None):
-    """out = source * factor in out's dtype (in place without `out`), computed as Horovod computes
-    it, so that scaled results agree with Horovod's bit for bit: float16 and float32 in float32
-    (the factor rounded to float32), float64 and integers in float64, integer results truncated
-    toward zero as a C cast does. The cast to and from a compressed wire dtype happens here too."""
-    target = source if out is None else out
-    if factor != 1.0:
-        single = source.dtype.kind == "f" and source.dtype.itemsize <= 4
-        np.multiply(source, factor, out=target, dtype=np.float32 if single else np.float64, casting="unsafe")
-    elif target is not source:
-        kernels.cast_into(target, source)
-
-
-def scale_result(array, op, size, postscale_factor=1.0):
-    """Turn a reduced sum into the op's result in place. Average of floats is one multiplication by
-    postscale / size, as Horovod's (one rounding); integer averages are floored (numpy's //),
-    which stays exact for every int64, then postscaled."""
-    if op == ReduceOp.AVERAGE and np.issubdtype(array.dtype, np.integer):
-        np.floor_divide(array, size, out=array)
-        scale(array, postscale_factor)
-    else:
-        scale(array, postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor)
-
-
-def identity(op, dtype):
-    """What a joined rank contributes: the value that leaves the others' result unchanged."""
-    dtype = np.dtype(dtype)
-    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        return 0
-    if op == ReduceOp.PRODUCT:
-        return 1
-    if dtype == np.bool_:
-        return op == ReduceOp.MIN
-    if dtype.kind == "f":
-        return np.inf if op == ReduceOp.MIN else -np.inf
-    info = np.iinfo(dtype)
-    return info.max if op == ReduceOp.MIN else info.min

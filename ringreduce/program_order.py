@@ -34,7 +34,7 @@ import typing
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce import ops
+from ringreduce import ops, reduction
 from ringreduce.engine import agreement
 from ringreduce.engine.loop import report_stall
 from ringreduce.engine.negotiation import Stragglers
@@ -95,7 +95,7 @@ class ProgramOrder:
         sent_wait = self._waited
         _PREFIX.pack_into(plan.out, 0, 0, len(plan.header), self.calls, sent_wait)
         if plan.carries:
-            ops.scale(array, message.prescale, out=plan.mine)
+            reduction.scale(array, message.prescale, out=plan.mine)
         MPI.Prequest.Startall(plan.requests)
         try:
             received = self._receive(message, plan)
@@ -251,7 +251,7 @@ class ProgramOrder:
             for part in parts[2:]:
                 plan.combine(result, part, out=result)
         if message.op == ops.Average or message.postscale != 1.0:
-            ops.scale_result(result, message.op, self.size, message.postscale)
+            reduction.scale_result(result, message.op, self.size, message.postscale)
         return result
 
     def answer_as_joined(self, join):
@@ -360,7 +360,7 @@ class _Plan:
                 return np.frombuffer(buffer, message.dtype, message.count, data_at).reshape(message.shape)
             self.mine = view(self.out)
             self.theirs = {peer: view(buffer) for peer, buffer in self.ins.items()}
-            self.combine = ops.ufunc(message.op, message.dtype)
+            self.combine = reduction.ufunc(message.op, message.dtype)
 
     def free(self):
         for request in self.requests:

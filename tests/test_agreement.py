@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ringreduce import ops
+from ringreduce import ops, reduction
 from ringreduce.engine.agreement import Message, disagreement
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
 
@@ -66,15 +66,15 @@ def test_problems_keep_their_type_and_group_ranks():
 ])
 def test_finish_turns_sums_into_results(dtype, op, expected):
     array = np.array([-7, 7], dtype=dtype)
-    ops.scale_result(array, op, 2)
+    reduction.scale_result(array, op, 2)
     np.testing.assert_array_equal(array, np.array(expected, dtype=dtype))
 
 
 def test_bool_supports_only_logical_ops():
     for op in (ops.Min, ops.Max, ops.Product):
-        ops.check_op(op, np.dtype(bool))
+        reduction.check_op(op, np.dtype(bool))
     for op in (ops.Sum, ops.Average):
         with pytest.raises(UnsupportedDtypeError, match="not defined for bool"):
-            ops.check_op(op, np.dtype(bool))
+            reduction.check_op(op, np.dtype(bool))
     with pytest.raises(ValueError, match="unknown reduction op 'mean'"):
         ops.as_op("mean")

@@ -4,7 +4,7 @@ each is for: the ring's reduce-scatter, the tree's broadcast and the pairwise al
 
 import numpy as np
 
-from ringreduce import ops
+from ringreduce import reduction
 from ringreduce.algorithms import halving, pairwise, ring, tree
 from ringreduce.machine.memory import Workspace
 
@@ -31,13 +31,13 @@ class RingFamily:
     def allreduce(self, buf, op, source=None, scale_result=None):
         if source is not None:
             buf[:] = source
-        self._reduce_everywhere(buf, ops.ufunc(op, buf.dtype), scale_result)
+        self._reduce_everywhere(buf, reduction.ufunc(op, buf.dtype), scale_result)
 
     def reducescatter(self, buf, offsets, op, source=None):
         if source is not None:
             buf[:] = source
         scratch = self.workspace.get(int(np.max(np.diff(offsets))), buf.dtype)
-        ring.reduce_scatter(self.transport, buf, offsets, ops.ufunc(op, buf.dtype), scratch, self._chunk(buf))
+        ring.reduce_scatter(self.transport, buf, offsets, reduction.ufunc(op, buf.dtype), scratch, self._chunk(buf))
         rank = self.transport.rank
         return buf[offsets[rank]:offsets[rank + 1]]
 

@@ -11,7 +11,7 @@ slot, then everyone copies all reduced slices out. Every slice is combined in ra
 exactly one rank, so every rank gets the same bits.
 """
 
-from ringreduce import ops
+from ringreduce import reduction
 from ringreduce.machine.layout import even_counts, offsets_of, spans
 
 
@@ -71,7 +71,7 @@ class SharedMemory:
         """Reduce `source` over every rank (and host); write the result, after `scale_result` if given,
         into `buf` in [keep_start, keep_stop). Either may be an arrays.Concatenation, and they may
         be the same arrays: each piece is read before the barrier that precedes its writes."""
-        combine = ops.ufunc(op, buf.dtype)
+        combine = reduction.ufunc(op, buf.dtype)
         ranks, rank = self.segment.size, self.segment.rank
         piece = self.segment.area_bytes // ranks // buf.dtype.itemsize
         for start in range(0, len(buf), piece):

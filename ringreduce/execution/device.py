@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ringreduce import ops
+from ringreduce import reduction
 from ringreduce.execution.packing import pack
 from ringreduce.machine.layout import even_counts, offsets_of
 from ringreduce.machine.memory import Workspace
@@ -116,7 +116,7 @@ class DeviceExecutor:
 
     def _output_for(self, request, message, op):
         if request is None:  # a joined rank takes part with the op's identity
-            return self.cupy.full(message.shape, ops.identity(op, message.dtype), dtype=message.dtype)
+            return self.cupy.full(message.shape, reduction.identity(op, message.dtype), dtype=message.dtype)
         return request.output if request.output is not None else self.cupy.empty(message.shape, message.dtype)
 
     def _contribution(self, array, target, factor):
@@ -142,4 +142,4 @@ class DeviceExecutor:
         else:
             if reduced is not output:
                 output[...] = reduced
-            ops.scale_result(output, op, self.size, postscale)
+            reduction.scale_result(output, op, self.size, postscale)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ringreduce import compression, ops
+from ringreduce import compression, ops, reduction
 from ringreduce.execution.device import DeviceExecutor
 from ringreduce.execution.packing import pack
 from ringreduce.machine import gpu
@@ -80,7 +80,8 @@ class Executor:
                                     for m, r in zip(responses, requests, strict=True)])
         else:
             source = self.fusion_buffer.get(offsets[-1], wire)
-            pack(source, offsets, requests, op, lambda array, piece: ops.scale(array, message.prescale, out=piece))
+            pack(source, offsets, requests, op,
+                 lambda array, piece: reduction.scale(array, message.prescale, out=piece))
         copied_in = time.perf_counter()
         if new_results:
             # Every result is new: reduce straight into one recycled block and hand out views of
@@ -101,9 +102,9 @@ class Executor:
                 self.algorithms.allreduce(source, op, scale_result=scale_result if uncompressed else None)
                 reduced = time.perf_counter()
                 for index, output in enumerate(outputs):
-                    ops.scale(source[offsets[index]:offsets[index + 1]].reshape(output.shape), 1.0, out=output)
+                    reduction.scale(source[offsets[index]:offsets[index + 1]].reshape(output.shape), 1.0, out=output)
                     if not uncompressed:
-                        ops.scale_result(output.reshape(-1), op, self.size, message.postscale)
+                        reduction.scale_result(output.reshape(-1), op, self.size, message.postscale)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
@@ -129,7 +130,7 @@ class Executor:
         if request is not None and request.input is not output:
             source = _contribution(request.input, output, message.prescale)
         elif request is not None:
-            ops.scale(flat, message.prescale)
+            reduction.scale(flat, message.prescale)
         self.algorithms.allreduce(flat, op, source, _result_scaler(op, self.size, message.postscale))
         self.timeline.phase(response.name, "ALLREDUCE", started, time.perf_counter())
         return [output]
@@ -175,7 +176,7 @@ class Executor:
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op, source)
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
         np.copyto(result.reshape(-1), mine)
-        ops.scale_result(result.reshape(-1), op, self.size, message.postscale)
+        reduction.scale_result(result.reshape(-1), op, self.size, message.postscale)
         return result
 
     def _barrier(self, response, request):
@@ -187,11 +188,11 @@ def _wire(message):
 
 
 def _result_scaler(op, size, postscale):
-    """ops.scale_result for the algorithms to run on each stretch of the result as it is reduced; None
+    """reduction.scale_result for the algorithms to run on each stretch of the result as it is reduced; None
     when the sums are the result already."""
     if op != ops.Average and postscale == 1.0:
         return None
-    return functools.partial(ops.scale_result, op=op, size=size, postscale_factor=postscale)
+    return functools.partial(reduction.scale_result, op=op, size=size, postscale_factor=postscale)
 
 
 def _contribution(array, target, factor):
@@ -199,7 +200,7 @@ def _contribution(array, target, factor):
     scaling and they can read it as it is; else None, after copying it, scaled, into `target`."""
     if factor == 1.0 and _readable_as(array, target.dtype):
         return array.reshape(-1)
-    ops.scale(array, factor, out=target)
+    reduction.scale(array, factor, out=target)
     return None
 
 
@@ -217,4 +218,4 @@ def _output_for(request, message, op):
 
 
 def _identity(message, op):
-    return np.full(message.shape, ops.identity(op, message.dtype), dtype=message.dtype)
+    return np.full(message.shape, reduction.identity(op, message.dtype), dtype=message.dtype)

@@ -1,6 +1,6 @@
 """Filling a fusion buffer from a group's inputs, on the host or the GPU alike."""
 
-from ringreduce import ops
+from ringreduce import reduction
 
 
 def pack(buf, offsets, requests, op, copy_scaled):
@@ -9,6 +9,6 @@ def pack(buf, offsets, requests, op, copy_scaled):
     for index, request in enumerate(requests):
         piece = buf[offsets[index]:offsets[index + 1]]
         if request is None:
-            piece.fill(ops.identity(op, buf.dtype))
+            piece.fill(reduction.identity(op, buf.dtype))
         else:
             copy_scaled(request.input, piece.reshape(request.message.shape))

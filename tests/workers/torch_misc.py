@@ -193,13 +193,13 @@ elif mode == "narrow-kernels":
     import numpy as np
 
     import ringreduce as core
-    from ringreduce import kernels
+    from ringreduce import kernels, reduction
     from ringreduce.torch.kernels import TorchKernels
 
     results = {}
     for label, lent in (("numpy", None), ("torch", TorchKernels())):
         kernels.lend(lent)
-        assert (core.ops.ufunc(core.Sum, np.float16) is np.add) == (lent is None)
+        assert (reduction.ufunc(core.Sum, np.float16) is np.add) == (lent is None)
         for count in (1000, 300_000):
             values = torch_cases.narrow_values(rank, count)
             for compression in ("fp16", "bf16"):
