@@ -23,36 +23,60 @@ def reports(job, rank):
     return [json.loads(line[len("REPORT "):]) for line in job.lines_of(rank) if line.startswith("REPORT ")]
 
 
-def load(tmp_path, rank):
-    return torch.load(tmp_path / f"rank{rank}.pt")
+def reported(job, rank, mode):
+    """What a mode of tests/workers/torch_misc.py reported on `rank`."""
+    return [{k: v for k, v in got.items() if k != "mode"} for got in reports(job, rank) if got["mode"] == mode]
 
 
-@pytest.mark.parametrize("kind, passes, compression, tolerance", [
-    ("sgd", 1, "none", 1e-5),
-    ("adam", 1, "none", 1e-5),
-    ("adamw", 1, "none", 1e-5),
-    ("sgd", 2, "none", 1e-5),
-    ("sgd", 1, "fp16", 1e-3),
-    ("sgd", 1, "bf16", 1e-2),
-])
-def test_two_ranks_with_half_a_batch_equal_one_process_with_all(tmp_path, kind, passes, compression, tolerance):
-    job = run_job(2, "torch_train.py", kind, passes, compression, tmp_path, timeout=120)
+def load(out, rank):
+    return torch.load(out / f"rank{rank}.pt")
+
+
+# The modes of tests/workers/torch_misc.py that end cleanly and time nothing, in one job of 2 ranks
+# (a job's start, torch's import on every rank, is most of a small mode's time).
+MISC_MODES = ("collectives", "scheduler-and-clipping", "unused", "syncbn", "powersgd-bfloat16", "error-feedback",
+              "topk")
+
+
+@pytest.fixture(scope="module")
+def misc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch_misc")
+    job = run_job(2, "torch_misc.py", ",".join(MISC_MODES), out, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
+    return job, out
+
+
+TRAINING_RUNS = [("sgd", 1, "none", 1e-5), ("adam", 1, "none", 1e-5), ("adamw", 1, "none", 1e-5),
+                 ("sgd", 2, "none", 1e-5), ("sgd", 1, "fp16", 1e-3), ("sgd", 1, "bf16", 1e-2)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Every run of TRAINING_RUNS, and one through a user's subclass, in one job of 2 ranks."""
+    out = tmp_path_factory.mktemp("torch_train")
+    runs = [f"{kind}-{passes}-{compression}" for kind, passes, compression, _ in TRAINING_RUNS]
+    runs.append("sgd-1-none-subclass")
+    job = run_job(2, "torch_train.py", out, *runs, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return lambda run, rank: torch.load(out / run / f"rank{rank}.pt")
+
+
+@pytest.mark.parametrize("kind, passes, compression, tolerance", TRAINING_RUNS)
+def test_two_ranks_with_half_a_batch_equal_one_process_with_all(trained, kind, passes, compression, tolerance):
     net = torch_cases.model()
     reference = torch_cases.train(net, torch_cases.optimizer(kind, net.parameters()), [(0, torch_cases.BATCH)])
     for rank in range(2):
-        got = load(tmp_path, rank)
+        got = trained(f"{kind}-{passes}-{compression}", rank)
         for name, value in reference.items():
             torch.testing.assert_close(got[name], value, rtol=tolerance, atol=tolerance)
         if compression != "none":  # the gradients really went through float16 or bfloat16
             assert any(not torch.equal(got[n], v) for n, v in reference.items())
 
 
-def test_error_feedback_around_fp16_steps_exactly_as_computed_here(tmp_path):
+def test_error_feedback_around_fp16_steps_exactly_as_computed_here(misc):
     """Each rank adds what the wire lost of its last gradient to the next, sends float16, and the
     average of the float16 sums is applied: the same trajectory, bit for bit, as simulated here."""
-    job = run_job(2, "torch_misc.py", "error-feedback", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+    _, out = misc
     w, residuals, trajectory = np.zeros(64, np.float32), [np.zeros(64, np.float32)] * 2, []
     for step in range(4):
         corrected = [torch_cases.feedback_gradient(r, step) + residuals[r] for r in range(2)]
@@ -61,7 +85,7 @@ def test_error_feedback_around_fp16_steps_exactly_as_computed_here(tmp_path):
         w = w - cases.average(sent[0] + sent[1], 2).astype(np.float32)
         trajectory.append(w)
     for rank in range(2):
-        got = load(tmp_path, rank)
+        got = load(out / "error-feedback", rank)
         np.testing.assert_array_equal(got["trajectory"].numpy(), np.stack(trajectory))
         np.testing.assert_array_equal(got["residual"].numpy(), residuals[rank])
         assert np.any(residuals[rank] != 0)
@@ -71,12 +95,11 @@ def test_error_feedback_around_fp16_steps_exactly_as_computed_here(tmp_path):
     assert not np.array_equal(plain, trajectory[-1])
 
 
-def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps_the_rest(tmp_path):
+def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps_the_rest(misc):
     """Each rank sends the 6 entries of its corrected gradient largest in magnitude (indices and
     values, gathered), keeps the rest for the next step, and the mean of what was sent is applied;
     a bias vector travels whole and gets the plain mean."""
-    job = run_job(2, "torch_misc.py", "topk", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+    _, out = misc
     w, residuals, trajectory = np.zeros(64, np.float32), [np.zeros(64, np.float32)] * 2, []
     for step in range(4):
         corrected = [torch_cases.feedback_gradient(r, step) + residuals[r] for r in range(2)]
@@ -88,7 +111,7 @@ def test_top_k_with_error_feedback_sends_the_largest_corrected_entries_and_keeps
     biases = np.cumsum([-(torch_cases.feedback_gradient(0, s)[:4] + torch_cases.feedback_gradient(1, s)[:4]) / 2
                         for s in range(4)], axis=0, dtype=np.float32)
     for rank in range(2):
-        got = load(tmp_path, rank)
+        got = load(out / "topk", rank)
         np.testing.assert_array_equal(got["trajectory"].numpy(), np.stack(trajectory))
         np.testing.assert_array_equal(got["residual"].numpy(), residuals[rank])
         np.testing.assert_allclose(got["biases"].numpy(), biases, rtol=1e-6)
@@ -106,7 +129,7 @@ def test_the_lent_torch_kernels_give_numpys_results_bit_for_bit_through_real_ran
                   timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(size):
-        got = load(tmp_path, rank)
+        got = load(tmp_path / "narrow-kernels", rank)
         assert len(got) == 20
         for key, value in got.items():
             if key.startswith("numpy-"):
@@ -142,30 +165,26 @@ def test_every_option_trains_the_digits_to_the_accuracy_of_none_and_a_dropping_o
     assert control < accuracy["none"] - 50, control
 
 
-def test_powersgd_averages_bfloat16_gradients_into_them(tmp_path):
-    job = run_job(2, "torch_misc.py", "powersgd-bfloat16", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+def test_powersgd_averages_bfloat16_gradients_into_them(misc):
+    _, out = misc
     for rank in range(2):
-        assert torch.equal(load(tmp_path, rank)["w"], torch.full((16, 16), -1.5))  # -(1 + 2) / 2
+        assert torch.equal(load(out / "powersgd-bfloat16", rank)["w"], torch.full((16, 16), -1.5))  # -(1 + 2) / 2
 
 
-def test_a_users_subclass_of_the_distributed_optimizer_steps_as_it(tmp_path):
-    job = run_job(2, "torch_train.py", "sgd", 1, "none", tmp_path, "subclass", timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+def test_a_users_subclass_of_the_distributed_optimizer_steps_as_it(trained):
     net = torch_cases.model()
     reference = torch_cases.train(net, torch_cases.optimizer("sgd", net.parameters()), [(0, torch_cases.BATCH)])
     for rank in range(2):
-        got = load(tmp_path, rank)
+        got = trained("sgd-1-none-subclass", rank)
         assert got["steps"].item() == torch_cases.STEPS
         for name, value in reference.items():
             torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-5)
 
 
-def test_tensor_collectives(tmp_path):
-    job = run_job(2, "torch_misc.py", "collectives", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+def test_tensor_collectives(misc):
+    _, out = misc
     for rank in range(2):
-        got = load(tmp_path, rank)
+        got = load(out / "collectives", rank)
         for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float16):
             result = got[f"allreduce-{dtype}"]
             assert result.dtype == dtype
@@ -188,7 +207,7 @@ def test_backward_overlaps_communication():
     job = run_job(2, "torch_misc.py", "overlap", "unused-dir", timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(2):
-        (got,) = reports(job, rank)
+        (got,) = reported(job, rank, "overlap")
         assert got["done_before_backward_ended"] >= 2  # last.weight and last.bias
         assert got["done_after_step"] == 5  # four gradients and the step's presence mask
 
@@ -196,11 +215,11 @@ def test_backward_overlaps_communication():
 def test_broadcast_makes_different_ranks_equal(tmp_path):
     job = run_job(3, "torch_misc.py", "broadcast", tmp_path, timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
-    root = load(tmp_path, 0)
+    root = load(tmp_path / "broadcast", 0)
     assert root["adam"]["state"][0]["step"] == 1  # rank 0 took one step; the others more
     assert root["fresh"]["state"] == {} and root["fresh"]["param_groups"][0]["lr"] == 0.5
     for rank in (1, 2):
-        got = load(tmp_path, rank)
+        got = load(tmp_path / "broadcast", rank)
         for name, value in root["model"].items():
             assert torch.equal(got["model"][name], value), name
         for index, state in root["adam"]["state"].items():
@@ -209,21 +228,20 @@ def test_broadcast_makes_different_ranks_equal(tmp_path):
         assert got["fresh"] == root["fresh"]
 
 
-def test_lr_scheduler_and_clipping_between_synchronize_and_step(tmp_path):
-    job = run_job(2, "torch_misc.py", "scheduler-and-clipping", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+def test_lr_scheduler_and_clipping_between_synchronize_and_step(misc):
+    job, out = misc
     for rank in range(2):
-        assert reports(job, rank) == [{"lrs": [0.1, 0.05, 0.025], "is_sgd": True, "keys": ["param_groups", "state"]}]
-    first, second = load(tmp_path, 0), load(tmp_path, 1)
+        assert reported(job, rank, "scheduler-and-clipping") == [
+            {"lrs": [0.1, 0.05, 0.025], "is_sgd": True, "keys": ["param_groups", "state"]}]
+    first, second = load(out / "scheduler-and-clipping", 0), load(out / "scheduler-and-clipping", 1)
     for name in first:
         assert torch.equal(first[name], second[name]), name
 
 
-def test_an_unused_parameter_does_not_hang(tmp_path):
-    job = run_job(2, "torch_misc.py", "unused", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
-    assert reports(job, 0) == reports(job, 1) == [{"never_grad_is_none": True}]
-    first, second = load(tmp_path, 0), load(tmp_path, 1)
+def test_an_unused_parameter_does_not_hang(misc):
+    job, out = misc
+    assert reported(job, 0, "unused") == reported(job, 1, "unused") == [{"never_grad_is_none": True}]
+    first, second = load(out / "unused", 0), load(out / "unused", 1)
     for name in first:
         assert torch.equal(first[name], second[name]), name
 
@@ -232,13 +250,12 @@ def test_a_mismatched_model_is_a_clear_error():
     job = run_job(2, "torch_misc.py", "mismatch", "unused-dir", timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(2):
-        (got,) = reports(job, rank)
+        (got,) = reported(job, rank, "mismatch")
         assert "does not match across ranks: shape (3,) on rank 0 but (5,) on rank 1" in got["error"]
 
 
-def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(tmp_path):
-    job = run_job(2, "torch_misc.py", "syncbn", tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
+def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(misc):
+    _, out = misc
     torch.manual_seed(3)
     whole = torch.randn(8, 3, 4, 4) * 2 + 1
     weights = torch.randn(8, 3, 4, 4)
@@ -249,7 +266,7 @@ def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(tmp_path):
     x = whole.clone().requires_grad_(True)
     y = bn(x)
     (y * weights).sum().backward()
-    parts = [load(tmp_path, rank) for rank in range(2)]
+    parts = [load(out / "syncbn", rank) for rank in range(2)]
     torch.testing.assert_close(torch.cat([p["y"] for p in parts]), y.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.cat([p["grad_x"] for p in parts]), x.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(parts[0]["grad_weight"] + parts[1]["grad_weight"], bn.weight.grad, rtol=1e-4, atol=1e-4)

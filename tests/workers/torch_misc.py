@@ -1,4 +1,5 @@
-"""The rest of ringreduce.torch under real ranks. Usage: torch_misc.py MODE OUT_DIR"""
+"""The rest of ringreduce.torch under real ranks, one mode after another in one job: each saves to
+OUT_DIR/MODE/rankR.pt and reports with its mode. Usage: torch_misc.py MODE[,MODE...] OUT_DIR"""
 
 import json
 import os
@@ -14,18 +15,19 @@ import ringreduce.torch as rr  # noqa: E402
 
 rr.init()
 rank, size = rr.rank(), rr.size()
-mode, out = sys.argv[1], sys.argv[2]
+out = sys.argv[2]
 
 
 def save(obj):
-    torch.save(obj, os.path.join(out, f"rank{rank}.pt"))
+    os.makedirs(os.path.join(out, mode), exist_ok=True)
+    torch.save(obj, os.path.join(out, mode, f"rank{rank}.pt"))
 
 
 def report(**values):
-    print("REPORT " + json.dumps(values), flush=True)
+    print("REPORT " + json.dumps({"mode": mode, **values}), flush=True)
 
 
-if mode == "collectives":
+def collectives():
     results = {}
     for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.float16):
         results[f"allreduce-{dtype}"] = rr.allreduce(torch.arange(6, dtype=dtype) * (rank + 1), op=rr.Sum)
@@ -49,7 +51,8 @@ if mode == "collectives":
     results["poll"] = rr.poll(handle)
     save(results)
 
-elif mode == "overlap":
+
+def overlap():
     class Tap(torch.autograd.Function):
         """The identity, running `action` when backward reaches it."""
         @staticmethod
@@ -84,7 +87,8 @@ elif mode == "overlap":
     opt.step()
     report(done_before_backward_ended=seen[0], done_after_step=done() - before)
 
-elif mode == "broadcast":
+
+def broadcast():
     torch.manual_seed(rank)  # every rank starts from a different model
     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     adam = torch.optim.Adam(net.parameters(), lr=0.1)
@@ -97,7 +101,8 @@ elif mode == "broadcast":
     rr.broadcast_optimizer_state(adam, root_rank=0)
     save({"model": net.state_dict(), "adam": adam.state_dict(), "fresh": fresh.state_dict()})
 
-elif mode == "unused":
+
+def unused():
     torch.manual_seed(0)
     used, sometimes, never = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
     named = [(f"{m}.{n}", p) for m, mod in (("used", used), ("sometimes", sometimes), ("never", never))
@@ -112,7 +117,8 @@ elif mode == "unused":
     report(never_grad_is_none=never.weight.grad is None)
     save({name: p.detach() for name, p in named})
 
-elif mode == "mismatch":
+
+def mismatch():
     net = torch.nn.Linear(4, 3 if rank == 0 else 5)
     opt = rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
     net(torch.ones(2, 4)).sum().backward()
@@ -121,7 +127,8 @@ elif mode == "mismatch":
     except rr.MismatchError as error:
         report(error=str(error))
 
-elif mode == "scheduler-and-clipping":
+
+def scheduler_and_clipping():
     net = torch_cases.model()
     opt = rr.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters())
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -139,7 +146,8 @@ elif mode == "scheduler-and-clipping":
     report(lrs=lrs, is_sgd=isinstance(opt, torch.optim.SGD), keys=sorted(opt.state_dict()))
     save({name: p.detach() for name, p in net.named_parameters()})
 
-elif mode == "syncbn":
+
+def syncbn():
     torch.manual_seed(3)
     whole = torch.randn(8, 3, 4, 4) * 2 + 1
     weights = torch.randn(8, 3, 4, 4)
@@ -153,7 +161,9 @@ elif mode == "syncbn":
     (y * weights[mine]).sum().backward()
     save({"y": y.detach(), "grad_x": x.grad, "grad_weight": bn.weight.grad, "grad_bias": bn.bias.grad,
           "running_mean": bn.running_mean, "running_var": bn.running_var})
-elif mode == "error-feedback":
+
+
+def error_feedback():
     # One parameter, SGD with lr 1, gradients of known values: the trajectory is exactly computable.
     w = torch.zeros(64, requires_grad=True)
     feedback = rr.Compression.error_feedback(rr.Compression.fp16)
@@ -167,7 +177,8 @@ elif mode == "error-feedback":
         trajectory.append(w.detach().clone())
     save({"trajectory": torch.stack(trajectory), "residual": feedback.residuals["grad.w"]})  # by gradient name
 
-elif mode == "topk":
+
+def topk():
     # As error-feedback, with the top 10 % (6 of 64) of each corrected gradient of an 8 x 8 matrix
     # sent, gathered; a bias vector of 4 travels whole, averaged.
     w, b = torch.zeros(8, 8, requires_grad=True), torch.zeros(4, requires_grad=True)
@@ -187,7 +198,8 @@ elif mode == "topk":
     save({"trajectory": torch.stack(trajectory), "biases": torch.stack(biases),
           "residual": feedback.residuals["grad.w"].reshape(-1), "wire": wire})
 
-elif mode == "narrow-kernels":
+
+def narrow_kernels():
     # numpy allreduces whose wire is float16 or bfloat16 (and float16 inputs), once with numpy's
     # kernels and once with the torch kernels ringreduce.torch lends the core: saved as float32.
     import numpy as np
@@ -211,7 +223,8 @@ elif mode == "narrow-kernels":
             results[f"{label}-float16-Sum-{count}"] = torch.from_numpy(halves.astype(np.float32))
     save(results)
 
-elif mode == "powersgd-bfloat16":
+
+def powersgd_bfloat16():
     # bfloat16 gradients reach the core as float32 copies: the average must come back into them.
     w = torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)
     optimizer = rr.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
@@ -221,5 +234,7 @@ elif mode == "powersgd-bfloat16":
     optimizer.step()
     save({"w": w.detach().float()})
 
-else:
-    raise SystemExit(f"unknown mode {mode}")
+
+
+for mode in sys.argv[1].split(","):  # each mode is the function of its name
+    globals()[mode.replace("-", "_")]()
