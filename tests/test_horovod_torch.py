@@ -19,17 +19,30 @@ pytestmark = pytest.mark.mpi
 X = torch_cases.contribution
 
 
-def run(mode, np, tmp_path):
-    job = run_job(np, "horovod_torch.py", mode, tmp_path, timeout=120)
-    assert job.returncode == 0, job.stderr[-3000:]
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(np)]
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Each rank count's job (both parts of the worker in one), run once; its output folder."""
+    done = {}
+
+    def run(np):
+        if np not in done:
+            out = tmp_path_factory.mktemp(f"horovod_torch{np}")
+            job = run_job(np, "horovod_torch.py", out, timeout=150)
+            assert job.returncode == 0, job.stderr[-3000:]
+            done[np] = out
+        return done[np]
+    return run
+
+
+def run(jobs, part, np):
+    return [torch.load(jobs(np) / part / f"rank{r}.pt") for r in range(np)]
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
-def test_horovod_style_calls(np, tmp_path):
+def test_horovod_style_calls(np, jobs):
     everyone = [X(r) for r in range(np)]
     total = sum(everyone)
-    for rank, got in enumerate(run("calls", np, tmp_path)):
+    for rank, got in enumerate(run(jobs, "calls", np)):
         torch.testing.assert_close(got["positional"], total)  # prescale 2, postscale 0.5
         torch.testing.assert_close(got["positional_"], total)
         torch.testing.assert_close(got["reducescatter"], total[cases.scattered_rows(rank, np)])
@@ -60,14 +73,14 @@ def test_horovod_style_calls(np, tmp_path):
         assert got["adasum"].endswith("Adasum is not offered by ringreduce; use Average (or Sum)"), got["adasum"]
         assert 0 <= got["joined"].item() < np
         assert got["built"].tolist() == [True, True, False, False, False, True, True]
-    events = [json.loads(line.rstrip(",")) for line in (tmp_path / "timeline.json").read_text().splitlines()[1:]
+    events = [json.loads(line.rstrip(",")) for line in (jobs(np) / "timeline.json").read_text().splitlines()[1:]
               if line.startswith("{")]
     assert any(e.get("name") == "ALLREDUCE" and e.get("args", {}).get("tensor") == "timed" for e in events)
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
-def test_gradients_through_the_collectives_are_the_analytic_ones(np, tmp_path):
-    for rank, got in enumerate(run("grads", np, tmp_path)):
+def test_gradients_through_the_collectives_are_the_analytic_ones(np, jobs):
+    for rank, got in enumerate(run(jobs, "grads", np)):
         for key, expected in cases.expected_gradients(rank, np).items():
             if key == "alltoall-received":
                 assert got[key].tolist() == expected

@@ -1,5 +1,5 @@
 """ringreduce.torch called the way Horovod's users call horovod.torch; saves what each call gave.
-Usage: horovod_torch.py calls|grads OUT_DIR"""
+Usage: horovod_torch.py OUT_DIR: each part (calls, grads) to OUT_DIR/PART/rankR.pt."""
 
 import os
 import sys
@@ -15,10 +15,9 @@ import ringreduce.torch as hvd  # noqa: E402
 import cases  # noqa: E402
 
 hvd.init()
-mode, out = sys.argv[1], sys.argv[2]
+out = sys.argv[1]
 rank, size = hvd.rank(), hvd.size()
 x = torch_cases.contribution(rank)
-results = {}
 
 
 class Doubling(hvd.Compression.none):
@@ -37,7 +36,7 @@ class Doubling(hvd.Compression.none):
         return tensor / 2
 
 
-if mode == "calls":
+def calls(results):
     # Horovod's positional order: tensor, average, name, compression, op, prescale, postscale.
     results["positional"] = hvd.allreduce(x, None, "positional", hvd.Compression.none, hvd.Sum, 2.0, 0.5)
     in_place = x.clone()
@@ -87,7 +86,8 @@ if mode == "calls":
     hvd.start_timeline(os.path.join(out, "timeline.json"))
     hvd.allreduce(x, name="timed")
     hvd.stop_timeline()
-elif mode == "grads":
+
+def grads(results):
     weights = torch_cases.weights(rank)
     for op, label in ((hvd.Sum, "sum"), (hvd.Average, "average")):
         leaf = x.clone().requires_grad_()
@@ -113,4 +113,10 @@ elif mode == "grads":
     summed = hvd.grouped_allreduce([first, second], op=hvd.Sum)
     (summed[0] * weights + summed[1] * 2 * weights).sum().backward()
     results["grouped"] = torch.stack([first.grad, second.grad])
-torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+
+
+for part in (calls, grads):
+    os.makedirs(os.path.join(out, part.__name__), exist_ok=True)
+    results = {}
+    part(results)
+    torch.save(results, os.path.join(out, part.__name__, f"rank{rank}.pt"))
