@@ -61,6 +61,11 @@ def elastic_job(tmp_path, how, *rrun_args):
                    rrun_args=("--min-np", "2", "--host-discovery-script", script, *rrun_args), timeout=150)
 
 
+# The most a new generation may take to make its first step after the failure is seen: its ranks'
+# start (torch's import) is 3-7 s; on a shared VM in a slow hour it measured 10 s.
+RESTART_SECONDS = 20
+
+
 def assert_lost_and_regained(job, failed_at):
     """hostb's ranks lost at step 7: the job went on from commit 6 on hosta's two ranks and grew back
     to four, ending with the parameters of that schedule; returns the seconds from the failure to
@@ -81,7 +86,7 @@ def test_an_elastic_job_loses_a_host_s_ranks_goes_on_from_its_last_commit_and_gr
         or "rrun: rank 3 (on hostb) failed first: killed by signal 9 (SIGKILL)" in job.stderr, job.stderr[-2000:]
     assert "rrun: setting hostb aside for 3 s and going on without it" in job.stderr
     recovery = assert_lost_and_regained(job, events(job, "DYING")[0]["time"])
-    assert recovery < 10, recovery
+    assert recovery < RESTART_SECONDS, recovery
     print(f"killed host: {recovery:.1f} s from the failure to the next step")
     # Each host kept the last commit in its own node-local directory, which the others cannot see;
     # hostb, back with only the commits of generation 0, was sent the newest and wrote it.
@@ -98,5 +103,5 @@ def test_an_elastic_job_goes_on_without_a_host_whose_link_is_cut(tmp_path):
             subprocess.run([ON_HOST, host, "tc", "qdisc", "del", "dev", "rrnet0", "root"], capture_output=True)
     assert "sent no heartbeat for" in job.stderr and "(on hostb)" in job.stderr, job.stderr[-2000:]
     recovery = assert_lost_and_regained(job, events(job, "DYING")[0]["time"])
-    assert recovery < 3 + 10, recovery
+    assert recovery < 3 + RESTART_SECONDS, recovery
     print(f"cut link: {recovery:.1f} s from the failure to the next step (heartbeat timeout 3 s)")
