@@ -194,7 +194,7 @@ class TestLogic:
 # One failure per generation (a reset callback, the resize phase, runs from generation 1 on). Every
 # phase meets a hung rank, a death that Python never sees (SIGKILL, SIGSEGV) and one it unwinds
 # (an exception, os._exit), and every kind comes in two phases: how a rank dies decides what rrun
-# sees, the phase where the others are. 12 generations; all 20 pairs took 95-130 s.
+# sees, the phase where the others are. 12 failures (13 generations); all 20 pairs took 95-130 s.
 PLAN = [["kill", "forward"], ["segfault", "resize"], ["exception", "resize"], ["hang", "resize"],
         ["exception", "forward"], ["hang", "forward"], ["segfault", "allreduce"], ["exit", "allreduce"],
         ["hang", "allreduce"], ["kill", "commit"], ["exit", "commit"], ["hang", "commit"]]

@@ -19,30 +19,24 @@ pytestmark = pytest.mark.mpi
 X = torch_cases.contribution
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Each rank count's job (both parts of the worker in one), run once; its output folder."""
-    done = {}
-
-    def run(np):
-        if np not in done:
-            out = tmp_path_factory.mktemp(f"horovod_torch{np}")
-            job = run_job(np, "horovod_torch.py", out, timeout=150)
-            assert job.returncode == 0, job.stderr[-3000:]
-            done[np] = out
-        return done[np]
-    return run
+@pytest.fixture(scope="module", params=[1, 2, 3])
+def job(request, tmp_path_factory):
+    """(ranks, output folder) of one job per rank count, both parts of the worker in it."""
+    out = tmp_path_factory.mktemp(f"horovod_torch{request.param}")
+    result = run_job(request.param, "horovod_torch.py", out, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return request.param, out
 
 
-def run(jobs, part, np):
-    return [torch.load(jobs(np) / part / f"rank{r}.pt") for r in range(np)]
+def saved(out, part, np):
+    return [torch.load(out / part / f"rank{r}.pt") for r in range(np)]
 
 
-@pytest.mark.parametrize("np", [1, 2, 3])
-def test_horovod_style_calls(np, jobs):
+def test_horovod_style_calls(job):
+    np, out = job
     everyone = [X(r) for r in range(np)]
     total = sum(everyone)
-    for rank, got in enumerate(run(jobs, "calls", np)):
+    for rank, got in enumerate(saved(out, "calls", np)):
         torch.testing.assert_close(got["positional"], total)  # prescale 2, postscale 0.5
         torch.testing.assert_close(got["positional_"], total)
         torch.testing.assert_close(got["reducescatter"], total[cases.scattered_rows(rank, np)])
@@ -73,14 +67,14 @@ def test_horovod_style_calls(np, jobs):
         assert got["adasum"].endswith("Adasum is not offered by ringreduce; use Average (or Sum)"), got["adasum"]
         assert 0 <= got["joined"].item() < np
         assert got["built"].tolist() == [True, True, False, False, False, True, True]
-    events = [json.loads(line.rstrip(",")) for line in (jobs(np) / "timeline.json").read_text().splitlines()[1:]
+    events = [json.loads(line.rstrip(",")) for line in (out / "timeline.json").read_text().splitlines()[1:]
               if line.startswith("{")]
     assert any(e.get("name") == "ALLREDUCE" and e.get("args", {}).get("tensor") == "timed" for e in events)
 
 
-@pytest.mark.parametrize("np", [1, 2, 3])
-def test_gradients_through_the_collectives_are_the_analytic_ones(np, jobs):
-    for rank, got in enumerate(run(jobs, "grads", np)):
+def test_gradients_through_the_collectives_are_the_analytic_ones(job):
+    np, out = job
+    for rank, got in enumerate(saved(out, "grads", np)):
         for key, expected in cases.expected_gradients(rank, np).items():
             if key == "alltoall-received":
                 assert got[key].tolist() == expected

@@ -87,6 +87,7 @@ def calls(results):
     hvd.allreduce(x, name="timed")
     hvd.stop_timeline()
 
+
 def grads(results):
     weights = torch_cases.weights(rank)
     for op, label in ((hvd.Sum, "sum"), (hvd.Average, "average")):
