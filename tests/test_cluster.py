@@ -41,7 +41,6 @@ def test_killing_a_rank_on_the_other_host_ends_the_job_fast_and_names_it():
     assert [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])] == []
 
 
-
 def test_other_hosts_get_only_the_variables_rrun_forwards():
     job = run_job(2, "environment.py", "PRIVATE_TOKEN", "FORWARDED", "RINGREDUCE_CYCLE_TIME", "PATH",
                   env={"PRIVATE_TOKEN": "do-not-send", "FORWARDED": "yes", "RINGREDUCE_CYCLE_TIME": "2"},
