@@ -204,6 +204,21 @@ def test_a_fit_whose_large_probe_lies_mostly_in_cache_takes_its_cost_as_measured
     assert fitted.cache == pytest.approx(1e-10) and fitted.memory == pytest.approx(1.5e-10)
 
 
+def test_mpis_own_cost_per_byte_is_kept_as_measured_even_where_larger_arrays_cost_less():
+    """MPICH changes algorithms with the size: on 3 ranks of 2 cores its 2 MiB allreduce cost more
+    per byte than its 64 MiB one. The fit reproduces both measurements, not the larger one forced up."""
+    measured = {calibration.IN_CACHE: 8.8e-3, calibration.FROM_MEMORY: 119e-3}
+    probe = object.__new__(calibration._Probe)
+    probe._allreduce_seconds = lambda family, nbytes, reps: measured[nbytes]
+    draft = dataclasses.replace(_profile(alpha=6e-6, gamma=1e-10, cores=2), cache_bytes=16 << 20)
+    place = type("Place", (), {"hosts": 1, "size": 3})()
+    per_byte = probe.mpi_per_byte(None, draft, place)
+    assert per_byte.memory < per_byte.cache
+    model = cost.Model(dataclasses.replace(draft, mpi=dataclasses.replace(draft.mpi, exchange=per_byte)), cost.Shape(3))
+    for nbytes, seconds in measured.items():
+        assert model._allreduce_mpi(nbytes) == pytest.approx(seconds)
+
+
 def test_explain_names_every_collective_and_the_parameters():
     text = cost.explain(cost.DEFAULT, cost.Shape(8, hosts=2))
     assert "cost model profile: built in" in text and "assumed" in text

@@ -289,7 +289,10 @@ class _Probe:
     def mpi_per_byte(self, family, draft, place):
         """The MPI library's cost per byte on one host: its allreduce timed in cache and from
         memory, less what the model already accounts for (its messages, the reductions). Across
-        hosts the network hides it: there it is taken as ringreduce's own exchanges'."""
+        hosts the network hides it: there it is taken as ringreduce's own exchanges'. The two are
+        kept as measured even where the larger costs less per byte: the library changes algorithms
+        with the size, and on crowded cores its 2 MiB allreduce measured 4.4 ms a MiB against 1.9 at
+        64 MiB (docs/cost_model.md); forced up to the smaller one's, 16-256 MiB came out 2.4-3.1x slow."""
         if place.hosts > 1:
             return draft.host.exchange
         shape = cost.Shape(place.size)
@@ -303,7 +306,7 @@ class _Probe:
         # The model is linear in each per-byte value: solve for the one that matches each size.
         cache = _solve(lambda x: predicted(cost.PerByte(x, x), IN_CACHE), measured[0])
         memory = _solve(lambda x: predicted(cost.PerByte(cache, x), FROM_MEMORY), measured[1])
-        return cost.PerByte(cache, max(memory, cache))
+        return cost.PerByte(cache, memory)
 
 
 def _solve(f, target):
