@@ -3,8 +3,8 @@
 # limited to RATE by tc's tbf on each host's end (this kernel has no netem). The probe runs first,
 # on 2 ranks per host (`rrun --calibrate`: both link classes); then benchmarks/cost_model.py
 # measures held-out cases on 1 and on 2 ranks per host against that profile. Needs root.
-# The bucket holds BURST bytes (at least the rate over the kernel's tick, 125 KB at 1 Gbit/s): a
-# message smaller than it passes at the veth's speed, not at the rate.
+# The bucket holds BURST bytes: a message smaller than it passes at the veth's speed, not at the
+# rate. 256 KB: with 16 KB MPICH's TCP transfers lose a quarter of the rate (docs/cost_model.md).
 # Usage: cost_model_cluster.sh RATE BURST LABEL MAX_BYTES  e.g. cost_model_cluster.sh 1gbit 256kb "1 Gbit/s" 268435456
 set -eu
 rate=$1
