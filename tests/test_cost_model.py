@@ -219,6 +219,26 @@ def test_mpis_own_cost_per_byte_is_kept_as_measured_even_where_larger_arrays_cos
         assert model._allreduce_mpi(nbytes) == pytest.approx(seconds)
 
 
+def test_the_crowded_probe_puts_each_rank_back_on_the_core_it_ran_on(monkeypatch):
+    """Given all its cores back, a process stayed on the shared one: the job's first allreduces ran crowded."""
+    calls = []
+    monkeypatch.setattr(calibration.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(calibration.os, "sched_setaffinity", lambda pid, cpus: calls.append(set(cpus)))
+    monkeypatch.setattr(calibration, "_current_cpu", lambda: 1)
+    probe = object.__new__(calibration._Probe)
+    probe.comm = type("Comm", (), {"rank": 1})()
+    probe.agreed = lambda value: value
+    probe._ping_pong = lambda a, b, nbytes, reps, send, recv: (calls.append("ping-pong"), 2e-5)[1]
+    assert probe.crowded(0, 1, None, None) == 2e-5
+    assert calls == [{0}, "ping-pong", {1}, {0, 1}]
+
+
+def test_the_cpu_a_thread_runs_on_is_the_39th_field_of_its_stat(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("4242 (python3 (a) b) " + " ".join(str(n) for n in range(3, 53)))  # field 39 holds 39
+    assert calibration._current_cpu(stat) == 39 and calibration._current_cpu(tmp_path / "missing") is None
+
+
 def test_explain_names_every_collective_and_the_parameters():
     text = cost.explain(cost.DEFAULT, cost.Shape(8, hosts=2))
     assert "cost model profile: built in" in text and "assumed" in text

@@ -92,6 +92,14 @@ def _families(comm, segment, cross_comm, place):
     return families
 
 
+def _current_cpu(stat=pathlib.Path("/proc/thread-self/stat")):
+    """The CPU this thread runs on (Linux: the 39th field of its stat), None where it is not known."""
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _caches(root=pathlib.Path("/sys/devices/system/cpu/cpu0/cache")):
     """{level: bytes} of the caches this host's first core reports (sysfs; empty where it does not say)."""
     sizes = {}
@@ -201,17 +209,22 @@ class _Probe:
 
     def crowded(self, a, b, send, recv):
         """One-way latency of 8-byte ping-pongs with ranks a and b on the same core (the first
-        of rank a's), as ranks beyond a host's cores run. Measured last: once given its cores
-        back, a process may stay where it was for a while."""
+        of rank a's), as ranks beyond a host's cores run. Measured last, and each rank is put back
+        on the core it ran on before: given all its cores back, a process stays on the shared one
+        for a while (both ranks did, and a job's first allreduces after the probe took 2.6x as long;
+        docs/cost_model.md)."""
         if not hasattr(os, "sched_setaffinity"):
             return None
         mine = os.sched_getaffinity(0)
         core = self.agreed(min(mine))
-        if self.comm.rank in (a, b):
+        pinned, was_on = self.comm.rank in (a, b), _current_cpu()
+        if pinned:
             os.sched_setaffinity(0, {core})
         try:
             return self._ping_pong(a, b, 8, 60, send, recv)
         finally:
+            if pinned and was_on in mine:
+                os.sched_setaffinity(0, {was_on})  # moves it there now
             os.sched_setaffinity(0, mine)
 
     def ours(self):
