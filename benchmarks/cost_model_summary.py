@@ -1,7 +1,9 @@
 """The summary of benchmarks/results/cost_model.jsonl that docs/cost_model.md quotes: per setting
 (label, ranks, hosts), how many held-out cases of 64 KiB to 256 MiB the model predicts within 25 %
 of the measured median (and, where recorded, the same rounds' predictions without one term), the
-median and worst error, per family; below 64 KiB the spread between rounds instead.
+median and worst error, per family; below 64 KiB the spread between rounds instead. Then the
+choice the predictions make: at how many sizes the family predicted fastest measured fastest, and
+how much longer the chosen family took than the fastest (the worst size, and the geometric mean).
 
     python benchmarks/cost_model_summary.py [--commit SHORT_SHA]
 """
@@ -25,6 +27,12 @@ def main():
     settings = collections.defaultdict(list)
     for row in rows:
         settings[row["label"], row["ranks"], row["hosts"]].append(row)
+    _accuracy(settings)
+    print()
+    _choice(settings)
+
+
+def _accuracy(settings):
     print("| setting | ranks | family | within 25 % (64 KiB+) | without the fresh-data term "
           "| without the handover term | median error | worst | below 64 KiB: round spread |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -39,6 +47,20 @@ def main():
             print(f"| {label} | {ranks} on {hosts} | {family} | {_within(large, 'predicted')} of {len(large)} | "
                   f"{' | '.join(without)} | {statistics.median(abs(e) for e in errors):.0%} | "
                   f"{max(errors, key=abs):+.0%} | " + (f"{max(small):.1f}x |" if small else "- |"))
+
+
+def _choice(settings):
+    print("| setting | ranks | sizes where the predicted fastest measured fastest | chosen against fastest: worst "
+          "| geometric mean |")
+    print("|---|---|---|---|---|")
+    for (label, ranks, hosts), cases in settings.items():
+        sizes = collections.defaultdict(list)
+        for row in cases:
+            sizes[row["bytes"]].append(row)
+        slower = [min(rows, key=lambda r: r["predicted"])["median"] / min(r["median"] for r in rows)
+                  for rows in sizes.values()]
+        print(f"| {label} | {ranks} on {hosts} | {sum(s == 1.0 for s in slower)} of {len(slower)} | "
+              f"{max(slower):.2f}x | {statistics.geometric_mean(slower):.2f}x |")
 
 
 def _within(rows, key):
