@@ -50,6 +50,8 @@ bench: install
 	$(RRUN) -np 4 $(PYTHON) benchmarks/cost_model.py --label "one host"
 	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/cost_model_cluster.sh 1gbit 256kb \
 		"1 Gbit/s" 268435456; else echo "benchmarks/cost_model_cluster.sh skipped: no two-host test cluster"; fi
+	$(RRUN) -np 2 --calibrate --profile /tmp/ringreduce-step-profile.json
+	$(RRUN) -np 2 $(PYTHON) benchmarks/simulated_step.py --profile /tmp/ringreduce-step-profile.json --label "one host"
 	$(PYTHON) benchmarks/cost_model_summary.py
 	$(PYTHON) benchmarks/horovod_scaling.py
 	$(RRUN) -np 3 $(PYTHON) benchmarks/process_sets.py
