@@ -29,11 +29,10 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "simulated_step.
 MIB = 1 << 20
 
 
-def workloads(scale):
-    """Three shapes of model, each a simulator.Workload; `scale` multiplies the gradient bytes (a
-    slow link wants fewer)."""
+def workloads():
+    """Three shapes of model, each a simulator.Workload."""
     def layers(sizes_mib, backward_ms):
-        return tuple((int(s * MIB * scale) // 4 * 4, backward_ms / 1e3) for s in sizes_mib)
+        return tuple((int(s * MIB), backward_ms / 1e3) for s in sizes_mib)
 
     return [
         # Small gradients behind a long backward pass: the allreduces hide behind it.
@@ -89,7 +88,6 @@ def main():
     parser.add_argument("--profile", required=True, help="the profile of these machines, from rrun --calibrate")
     parser.add_argument("--label", default="")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--scale", type=float, default=1.0, help="times the workloads' gradient bytes")
     args = parser.parse_args()
     rr.init()
     profile = cost.load(args.profile)
@@ -97,7 +95,7 @@ def main():
     machine = MeasuredMachine(profile, cost.Shape(rr.size(), hosts))
     engine = simulator.Engine()  # the runtime's defaults: 128 MiB buffers, a 1 ms cycle
     rows = []
-    for workload in workloads(args.scale):
+    for workload in workloads():
         grads = [np.zeros(nbytes // 4, np.float32) for nbytes, _ in workload.layers]  # summed: zeros stay zeros
         measured_step(workload, grads, True)  # the names' first announcement, not counted
         pairs = [(measured_step(workload, grads, False), measured_step(workload, grads, True))
