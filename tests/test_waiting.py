@@ -3,6 +3,7 @@ for MPI's progress, so the test says what the wait does, not how fast a machine 
 
 import types
 
+import numpy as np
 import pytest
 
 from ringreduce.machine import transport
@@ -78,3 +79,31 @@ def test_nothing_to_wait_for_returns_at_once(fake_mpi):
     progress = install(step=1.0, polls_each=1)
     transport.wait_all([])
     assert progress.polls == 0
+
+
+def test_the_mpi_librarys_own_collectives_are_polled_through_their_steps(fake_mpi):
+    """A collective whose steps take 1.5 ms of polling: waited as one, it is never left asleep;
+    waited as a message, it would be (a rank asleep holds up every step of MPI's schedule)."""
+    clock, install = fake_mpi
+    install(step=10e-6, polls_each=150)
+    transport.wait_all([object()], transport.COLLECTIVE_YIELD_SECONDS)
+    assert clock.slept == []
+    transport.wait_all([object()])
+    assert clock.slept
+
+
+def test_every_collective_of_mpis_own_family_waits_as_a_collective(monkeypatch):
+    from ringreduce.algorithms import mpi_native
+
+    waited = []
+    monkeypatch.setattr(mpi_native, "wait_all", lambda requests, yield_seconds: waited.append(yield_seconds))
+    comm = types.SimpleNamespace(rank=0, **{name: lambda *args: object() for name in (
+        "Iallreduce", "Ireduce_scatter", "Iallgatherv", "Ibcast", "Ialltoallv")})
+    family = mpi_native.MPIAlgorithms(types.SimpleNamespace(comm=comm))
+    buf = np.zeros(4, np.float32)
+    family.allreduce(buf, mpi_native.ReduceOp.SUM)
+    family.reducescatter(buf, [0, 4], mpi_native.ReduceOp.SUM)
+    family.allgather(buf, [0, 4])
+    family.broadcast(buf, 0)
+    family.alltoallv(buf, [0, 4], buf.copy(), [0, 4])
+    assert waited == [transport.COLLECTIVE_YIELD_SECONDS] * 5

@@ -1,8 +1,9 @@
 """The MPI library's own collectives behind the same interface as ringreduce's algorithms:
 the baseline that RINGREDUCE_ALGORITHM=mpi selects and the benchmarks compare against.
 
-They are started non-blocking and waited with the transport's wait, so a rank waiting in
-one neither spins a core nor misses a partner that has left. Small allreduces, where the call
+They are started non-blocking and waited as ringreduce waits for its own messages (wait_all),
+polled for longer before it sleeps (COLLECTIVE_YIELD_SECONDS), so a rank waiting in one neither
+spins a core nor misses a partner that has left. Small allreduces, where the call
 itself is what costs, run as persistent allreduces on buffers of their own, one per count, dtype
 and op seen (the last PERSISTENT_KEPT of them), with the array copied in and out.
 """
@@ -13,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ringreduce.machine.backends import new_like
-from ringreduce.machine.transport import PersistentAllreduce
+from ringreduce.machine.transport import COLLECTIVE_YIELD_SECONDS, PersistentAllreduce, wait_all
 from ringreduce.ops import ReduceOp
 
 PERSISTENT_KEPT = 32
@@ -32,6 +33,10 @@ def _typed(buf):
     return buf.view(np.uint8) if buf.dtype == np.bool_ else buf
 
 
+def _wait(requests):
+    wait_all(requests, COLLECTIVE_YIELD_SECONDS)
+
+
 class MPIAlgorithms:
     reads_concatenation = False
     reduces_any_dtype = False
@@ -41,7 +46,6 @@ class MPIAlgorithms:
         every rank calls these algorithms in the same order, so every rank sets up the same
         ones at the same call, as a persistent allreduce needs."""
         self.comm = transport.comm
-        self.wait = transport.wait
         self.persistent_below = persistent_below
         self._persistent = collections.OrderedDict()  # (count, dtype, op) -> (PersistentAllreduce, buffer)
 
@@ -49,7 +53,7 @@ class MPIAlgorithms:
         persistent = self._persistent_for(_typed(buf), op) if buf.nbytes < self.persistent_below else None
         if persistent is None:
             send = MPI.IN_PLACE if source is None else _typed(source)
-            self.wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
+            _wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
         else:
             run, fixed = persistent
             np.copyto(fixed, _typed(buf if source is None else source))
@@ -84,7 +88,7 @@ class MPIAlgorithms:
         counts = np.diff(offsets).tolist()
         result = new_like(buf, (counts[self.comm.rank],))  # on the GPU for a CUDA-aware MPI's device buffers
         send = buf if source is None else source
-        self.wait([self.comm.Ireduce_scatter(_typed(send), _typed(result), counts, _MPI_OPS[op])])
+        _wait([self.comm.Ireduce_scatter(_typed(send), _typed(result), counts, _MPI_OPS[op])])
         return result
 
     def allgather(self, buf, offsets):
@@ -92,12 +96,12 @@ class MPIAlgorithms:
         counts = [c * itemsize for c in np.diff(offsets).tolist()]
         displacements = [o * itemsize for o in offsets[:-1]]
         spec = [buf, counts, displacements, MPI.BYTE]
-        self.wait([self.comm.Iallgatherv(MPI.IN_PLACE, spec)])
+        _wait([self.comm.Iallgatherv(MPI.IN_PLACE, spec)])
 
     def broadcast(self, buf, root, source=None):
         if source is not None:
             buf[...] = source
-        self.wait([self.comm.Ibcast([buf, MPI.BYTE], root)])
+        _wait([self.comm.Ibcast([buf, MPI.BYTE], root)])
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
         itemsize = send.dtype.itemsize
@@ -106,4 +110,4 @@ class MPIAlgorithms:
             counts = [c * itemsize for c in np.diff(offsets).tolist()]
             return [buf, counts, [o * itemsize for o in offsets[:-1]], MPI.BYTE]
 
-        self.wait([self.comm.Ialltoallv(spec(send, send_offsets), spec(recv, recv_offsets))])
+        _wait([self.comm.Ialltoallv(spec(send, send_offsets), spec(recv, recv_offsets))])

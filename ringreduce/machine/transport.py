@@ -16,18 +16,23 @@ from mpi4py import MPI
 from ringreduce.machine import faults
 
 YIELD_SECONDS = 200e-6
+# The MPI library's own collectives take their internal steps only while a call polls them (MPICH
+# and Open MPI run no progress thread by default): a rank asleep holds up every step it is part of.
+# On 3 and 4 ranks of 2 cores their 64 KiB-1 MiB allreduces took 3-9 ms polled for 200 us, 0.4-1.4
+# ms polled for 2 ms (docs/performance.md).
+COLLECTIVE_YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
 
 
-def wait_until(done):
+def wait_until(done, yield_seconds=YIELD_SECONDS):
     """Return once done() is true, without holding a core: poll, yielding the core to any other
-    runnable process, for a short while (partners usually arrive within microseconds), then
-    sleep a quarter of the time waited so far, at most 1 ms: a late partner is noticed at most
-    a quarter late, and a long wait costs one wake-up per millisecond."""
+    runnable process, for a short while (`yield_seconds`: partners usually arrive within
+    microseconds), then sleep a quarter of the time waited so far, at most 1 ms: a late partner is
+    noticed at most a quarter late, and a long wait costs one wake-up per millisecond."""
     if done():
         return
     start = time.perf_counter()
-    while time.perf_counter() - start < YIELD_SECONDS:
+    while time.perf_counter() - start < yield_seconds:
         os.sched_yield()
         if done():
             return
@@ -36,7 +41,7 @@ def wait_until(done):
         time.sleep(min((time.perf_counter() - start) / 4, MAX_SLEEP_SECONDS))
 
 
-def wait_all(requests):
+def wait_all(requests, yield_seconds=YIELD_SECONDS):
     """Wait until every MPI request completes (see wait_until), polling afresh after each one that
     does: a transfer in many pieces moves a piece per progress call, and a wait already asleep
     would let each piece wait out a sleep (64 MiB in 4 MiB pieces took twice as long as in one
@@ -49,7 +54,7 @@ def wait_all(requests):
         return not pending or bool(finished)
 
     while pending:
-        wait_until(some_done)
+        wait_until(some_done, yield_seconds)
 
 
 class PersistentAllreduce:
@@ -69,10 +74,10 @@ class PersistentAllreduce:
 
     def __call__(self):
         if self._request is None:
-            wait_all([self._fresh()])
+            wait_all([self._fresh()], COLLECTIVE_YIELD_SECONDS)
         else:
             self._request.Start()
-            wait_until(self._request.Test)
+            wait_until(self._request.Test, COLLECTIVE_YIELD_SECONDS)
 
     def free(self):
         if self._request is not None:
