@@ -107,3 +107,17 @@ def test_every_collective_of_mpis_own_family_waits_as_a_collective(monkeypatch):
     family.broadcast(buf, 0)
     family.alltoallv(buf, [0, 4], buf.copy(), [0, 4])
     assert waited == [transport.COLLECTIVE_YIELD_SECONDS] * 5
+
+    class Persistent:  # the small allreduces' persistent ones: set up with the collective's wait
+        persistent = True
+
+        def __init__(self, comm, sendbuf, recvbuf, op, yield_seconds=transport.YIELD_SECONDS):
+            waited.append(yield_seconds)
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(mpi_native, "PersistentAllreduce", Persistent)
+    mpi_native.MPIAlgorithms(types.SimpleNamespace(comm=comm), persistent_below=1 << 20).allreduce(
+        buf, mpi_native.ReduceOp.SUM)
+    assert waited[5:] == [transport.COLLECTIVE_YIELD_SECONDS]

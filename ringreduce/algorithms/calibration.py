@@ -221,13 +221,14 @@ class _Probe:
             return None
         mine = os.sched_getaffinity(0)
         core = self.agreed(min(mine))
-        pinned, was_on = self.comm.rank in (a, b), _current_cpu()
+        pinned = self.comm.rank in (a, b)
+        was_on = _current_cpu() if pinned else None
         if pinned:
             os.sched_setaffinity(0, {core})
         try:
             return self._ping_pong(a, b, 8, 60, send, recv)
         finally:
-            if pinned and was_on in mine:
+            if was_on in mine:
                 os.sched_setaffinity(0, {was_on})  # moves it there now
             os.sched_setaffinity(0, mine)
 
@@ -308,8 +309,8 @@ class _Probe:
         memory, less what the model already accounts for (its messages, the reductions). Across
         hosts the network hides it: there it is taken as ringreduce's own exchanges'. The two are
         kept as measured even where the larger costs less per byte: the library changes algorithms
-        with the size, and on crowded cores its 2 MiB allreduce measured 4.4 ms a MiB against 1.9 at
-        64 MiB (docs/cost_model.md); forced up to the smaller one's, 16-256 MiB came out 2.4-3.1x slow."""
+        with the size (3 ranks of 2 cores: 3.2 ms a MiB at 256 KiB, 1.9 at 64 MiB), and forced up to
+        the smaller one's, 16-256 MiB came out 2.4-3.1x slow (docs/cost_model.md)."""
         if place.hosts > 1:
             return draft.host.exchange
         shape = cost.Shape(place.size)

@@ -69,7 +69,7 @@ class MPIAlgorithms:
         entry = self._persistent.pop(key, None)
         if entry is None:
             fixed = np.empty(len(buf), buf.dtype)
-            run = PersistentAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op])
+            run = PersistentAllreduce(self.comm, MPI.IN_PLACE, fixed, _MPI_OPS[op], COLLECTIVE_YIELD_SECONDS)
             if not run.persistent:
                 self.persistent_below = 0
                 return None

@@ -18,7 +18,7 @@ from ringreduce.machine import faults
 YIELD_SECONDS = 200e-6
 # The MPI library's own collectives take their internal steps only while a call polls them (MPICH
 # and Open MPI run no progress thread by default): a rank asleep holds up every step it is part of.
-# On 3 and 4 ranks of 2 cores their 64 KiB-1 MiB allreduces took 3-9 ms polled for 200 us, 0.4-1.4
+# On 4 ranks of 2 cores their 64 KiB-1 MiB allreduces took 5.9-11.8 ms polled for 200 us, 0.4-2.1
 # ms polled for 2 ms (docs/performance.md).
 COLLECTIVE_YIELD_SECONDS = 2e-3
 MAX_SLEEP_SECONDS = 1e-3
@@ -62,10 +62,11 @@ class PersistentAllreduce:
     persistent collective, set up once, where the library has them (each start skips the argument
     checks and the schedule that a fresh nonblocking call builds), else a fresh nonblocking call
     each time. Setting one up is a collective call: every rank must make the same ones in the
-    same order."""
+    same order. Each call waits as wait_all does, polling for `yield_seconds` before it sleeps."""
 
-    def __init__(self, comm, sendbuf, recvbuf, op):
+    def __init__(self, comm, sendbuf, recvbuf, op, yield_seconds=YIELD_SECONDS):
         self._fresh = lambda: comm.Iallreduce(sendbuf, recvbuf, op)
+        self._yield_seconds = yield_seconds
         try:
             self._request = comm.Allreduce_init(sendbuf, recvbuf, op)
         except (NotImplementedError, MPI.Exception):  # an MPI before 4.0
@@ -74,10 +75,10 @@ class PersistentAllreduce:
 
     def __call__(self):
         if self._request is None:
-            wait_all([self._fresh()], COLLECTIVE_YIELD_SECONDS)
+            wait_all([self._fresh()], self._yield_seconds)
         else:
             self._request.Start()
-            wait_until(self._request.Test, COLLECTIVE_YIELD_SECONDS)
+            wait_until(self._request.Test, self._yield_seconds)
 
     def free(self):
         if self._request is not None:
