@@ -10,9 +10,9 @@ each step's time, and at the end the parameters. A failure is asked for with arg
 cluster's link, and mend it SECONDS later). --plan: a list of [HOW, PHASE], one per generation: in
 that generation rank 1 fails so, two steps after it resumed, in PHASE (forward: before a step's
 forward; allreduce: after its backward, while the others average; commit: inside a commit, written
-but not confirmed; resize: in a reset callback, before training). --grow-file: at STEP of generation
-0, rank 0 appends LINE to FILE (which the discovery script prints) and waits until rrun has told the
-ranks."""
+but not confirmed; resize: in a reset callback, before training, once rank 0 has printed RESUMED).
+--grow-file: at STEP of generation 0, rank 0 appends LINE to FILE (which the discovery script
+prints) and waits until rrun has told the ranks."""
 
 import argparse
 import ctypes
@@ -89,7 +89,12 @@ def main():
     generation = int(os.environ.get("RINGREDUCE_ELASTIC_GENERATION", "0"))
     resets = []
     state.register_reset_callbacks([lambda: resets.append(rr.size())])
-    how, phase = args.plan[generation] if generation < len(args.plan) and rr.rank() == 1 else (None, None)
+    planned = args.plan[generation] if generation < len(args.plan) else (None, None)
+    how, phase = planned if rr.rank() == 1 else (None, None)
+    # Rank 1's failure in a reset callback comes within a few ms of rank 0's RESUMED line (measured
+    # -4 to +2 ms); on a loaded machine the failure could end the generation before rank 0 prints it.
+    # A barrier puts the line first: rank 1 enters it before failing, the others after rank 0 printed.
+    reported = rr.barrier if planned[1] == "resize" else (lambda: None)
     start = []  # the step this generation resumed from
 
     def fail_in(where):
@@ -97,7 +102,7 @@ def main():
             die(how)
 
     if phase == "resize":
-        state.register_reset_callbacks([lambda: die(how)])
+        state.register_reset_callbacks([lambda: (reported(), die(how))])
     if phase == "commit":
         confirm = state._store.confirm
         state._store.confirm = lambda *a, **k: (fail_in("commit"), confirm(*a, **k))[1]
@@ -109,6 +114,8 @@ def main():
             print("RESUMED " + json.dumps({"generation": generation, "size": rr.size(), "step": state.step,
                                            "epoch": state.epoch, "processed": sampler.processed,
                                            "resets": resets, "time": time.time()}), flush=True)
+        if rr.rank() != 1:
+            reported()
         for epoch in range(state.epoch, args.epochs):
             state.epoch = epoch
             for batch_idx, (x, y) in enumerate(loader):
