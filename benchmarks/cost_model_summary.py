@@ -5,7 +5,7 @@ median and worst error, per family; below 64 KiB the spread between rounds inste
 choice the predictions make: at how many sizes the family predicted fastest measured fastest, and
 how much longer the chosen family took than the fastest (the worst size, and the geometric mean).
 
-    python benchmarks/cost_model_summary.py [--commit SHORT_SHA]
+    python benchmarks/cost_model_summary.py [--commit SHORT_SHA] [--label START]
 """
 
 import argparse
@@ -21,9 +21,11 @@ SMALL = 64 << 10
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--commit", help="only the rows measured at this commit")
+    parser.add_argument("--label", default="", help="only the rows whose label starts so")
     args = parser.parse_args()
     rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if not args.commit or row["commit"] == args.commit]
+    rows = [row for row in rows
+            if (not args.commit or row["commit"] == args.commit) and row["label"].startswith(args.label)]
     settings = collections.defaultdict(list)
     for row in rows:
         settings[row["label"], row["ranks"], row["hosts"]].append(row)

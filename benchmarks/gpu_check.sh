@@ -6,7 +6,9 @@
 #      path's unit tests);
 #   3. runs the synthetic training example on the GPU at 1 and 2 ranks;
 #   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
-#      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging.
+#      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging;
+#   5. with the time left, the cost model's held-out check on one host at 4 and 8 ranks, each on a
+#      core of its own (this 2-core project VM can only run them crowded): cost_model.jsonl.
 # Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also written to $OUT when set).
 # Every step has a time limit, cut to what is left of 7.5 minutes, so the check ends within 8.
 set -uo pipefail
@@ -56,6 +58,19 @@ for ranks in 1 2; do
   done
 done
 
-if [ -n "${OUT:-}" ] && [ -f "$JSON" ]; then cp "$JSON" "$OUT"/; fi
+echo "== the cost model on this machine's cores (two-rank probe; 4 and 8 ranks held out)"
+CORES=$(nproc)
+LABEL="GPU machine's host, $CORES cores, a core per rank, $DAY"
+for ranks in 4 8; do
+  if ((ranks > CORES || END - SECONDS < 45)); then echo "-- $ranks ranks: not run ($CORES cores, $((END - SECONDS)) s left)"; continue; fi
+  timeout "$(limit 75)" rrun -np "$ranks" "$PYTHON" benchmarks/cost_model.py --rounds 2 --max-bytes $((64 << 20)) \
+    --label "$LABEL" || echo "(the cost model at $ranks ranks did not finish)"
+done
+timeout "$(limit 30)" "$PYTHON" benchmarks/cost_model_summary.py --label "$LABEL"
+
+if [ -n "${OUT:-}" ]; then
+  cp benchmarks/results/cost_model.jsonl "$OUT"/
+  if [ -f "$JSON" ]; then cp "$JSON" "$OUT"/; fi
+fi
 echo "== tests exit status: $tests"
 exit "$tests"
