@@ -4,8 +4,12 @@ of the measured median (and, where recorded, the same rounds' predictions withou
 median and worst error, per family; below 64 KiB the spread between rounds instead. Then the
 choice the predictions make: at how many sizes the family predicted fastest measured fastest, and
 how much longer the chosen family took than the fastest (the worst size, and the geometric mean).
+Last, where the rows hold several runs of one layout, how far the same case's measured time against
+its prediction moved between runs (each run's prediction from its own probe): a case whose ratio
+moves by more than 1.25 / 0.75 = 1.67x cannot be within 25 % in both runs under any one
+correction of the model.
 
-    python benchmarks/cost_model_summary.py [--commit SHORT_SHA] [--label START]
+    python benchmarks/cost_model_summary.py [--commit SHORT_SHA ...] [--label START]
 """
 
 import argparse
@@ -20,18 +24,20 @@ SMALL = 64 << 10
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--commit", help="only the rows measured at this commit")
+    parser.add_argument("--commit", nargs="+", help="only the rows measured at these commits")
     parser.add_argument("--label", default="", help="only the rows whose label starts so")
     args = parser.parse_args()
     rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
     rows = [row for row in rows
-            if (not args.commit or row["commit"] == args.commit) and row["label"].startswith(args.label)]
+            if (not args.commit or row["commit"] in args.commit) and row["label"].startswith(args.label)]
     settings = collections.defaultdict(list)
     for row in rows:
         settings[row["label"], row["ranks"], row["hosts"]].append(row)
     _accuracy(settings)
     print()
     _choice(settings)
+    print()
+    _between_runs(rows)
 
 
 def _accuracy(settings):
@@ -63,6 +69,24 @@ def _choice(settings):
                   for rows in sizes.values()]
         print(f"| {label} | {ranks} on {hosts} | {sum(s == 1.0 for s in slower)} of {len(slower)} | "
               f"{max(slower):.2f}x | {statistics.geometric_mean(slower):.2f}x |")
+
+
+def _between_runs(rows):
+    """Per layout (ranks, hosts) and size band, how far each case's measured/predicted moved across runs."""
+    print("| ranks | sizes | runs | cases | largest ratio against smallest: median | worst | cases over 1.67x |")
+    print("|---|---|---|---|---|---|---|")
+    bands = {"64 KiB-1 MiB": (SMALL, 1 << 20), "2 MiB and up": (2 << 20, float("inf"))}
+    for ranks, hosts in dict.fromkeys((row["ranks"], row["hosts"]) for row in rows):
+        for band, (low, high) in bands.items():
+            cases = collections.defaultdict(list)
+            for row in rows:
+                if (row["ranks"], row["hosts"]) == (ranks, hosts) and low <= row["bytes"] <= high:
+                    cases[row["family"], row["bytes"]].append(row["median"] / row["predicted"])
+            spreads = [max(ratios) / min(ratios) for ratios in cases.values() if len(ratios) > 1]
+            if spreads:
+                runs = max(len(ratios) for ratios in cases.values())
+                print(f"| {ranks} on {hosts} | {band} | {runs} | {len(spreads)} | {statistics.median(spreads):.2f}x | "
+                      f"{max(spreads):.2f}x | {sum(s > 1.25 / 0.75 for s in spreads)} |")
 
 
 def _within(rows, key):
