@@ -3,6 +3,7 @@ choice it makes, profiles saved and loaded, and the probe's fits recovering know
 (Its predictions against measurement are in benchmarks/cost_model.py and docs/cost_model.md.)"""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -314,3 +315,18 @@ def test_a_broken_profile_fails_every_rank_with_its_name(tmp_path):
 def test_calibrate_takes_no_command():
     result = _rrun("-np", "2", "--calibrate", "python", "train.py")
     assert result.returncode != 0 and "--calibrate runs its own probe: give no command with it" in result.stderr
+
+
+def test_the_summary_counts_the_cases_whose_miss_moved_more_than_any_one_correction_can_cover(capsys):
+    """A case predicted 1.0 then 0.5 of its time (moved 2x) cannot be within 25 % in both runs; one
+    that moved 1.5x can (a prediction of 0.85 of the first run's time is within 25 % of both)."""
+    spec = importlib.util.spec_from_file_location(
+        "cost_model_summary", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cost_model_summary.py"))
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    case = {"ranks": 3, "hosts": 1, "predicted": 1.0}
+    summary._between_runs([dict(case, family="ring", bytes=65536, median=1.0),
+                           dict(case, family="ring", bytes=65536, median=2.0),
+                           dict(case, family="tree", bytes=65536, median=1.0),
+                           dict(case, family="tree", bytes=65536, median=1.5)])
+    assert capsys.readouterr().out.splitlines()[-1] == "| 3 on 1 | 64 KiB-1 MiB | 2 | 2 | 1.75x | 2.00x | 1 |"
