@@ -102,7 +102,17 @@ def test_profile_saved_and_loaded(tmp_path):
     loaded = cost.load(path)
     assert dataclasses.replace(loaded, source=cost.DEFAULT.source) == cost.DEFAULT
     assert loaded.source == str(path)
-    assert cost.load(tmp_path / "missing.json") is cost.DEFAULT
+    assert cost.load(tmp_path / "missing.json") == dataclasses.replace(cost.DEFAULT, cores=cost.usable_cores())
+
+
+def test_the_built_in_profile_counts_this_hosts_cores(monkeypatch, tmp_path):
+    """Measured on a 2-core VM, the built-in profile would take 4 ranks on an 8-core host as two
+    to a core, and choose for a crowding that is not there."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    built_in = cost.load(tmp_path / "missing.json")
+    assert built_in.cores == 8 and built_in.source == "built in"
+    assert cost.Model(built_in, cost.Shape(4)).crowding == 1 and cost.Model(cost.DEFAULT, cost.Shape(4)).crowding == 2
+    assert "crowded" not in cost.explain(built_in, cost.Shape(4))
 
 
 def test_a_profile_saved_before_the_fresh_data_and_handover_terms_still_loads(tmp_path):
@@ -267,6 +277,12 @@ def _choice_job(tmp_path, size, env):
 
 
 @pytest.mark.mpi
+def test_explain_warns_where_ranks_outnumber_a_hosts_cores():
+    profile = dataclasses.replace(cost.DEFAULT, cores=2)
+    assert "crowded   4 ranks per host on 2 cores" in cost.explain(profile, cost.Shape(4))
+    assert "crowded" not in cost.explain(profile, cost.Shape(4, hosts=2))
+
+
 def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     path = tmp_path / "profile.json"
     calibrated = _rrun("-np", "2", "--calibrate", "--profile", str(path))

@@ -53,7 +53,7 @@ def measure(comm, piece_bytes=1 << 20):
     # gets a small share of).
     caches = probe.agreed(_caches())
     cache_bytes = probe.agreed(probe.cache_for_arrays(max(caches.values(), default=32 << 20) // 2))
-    cores = probe.agreed(len(os.sched_getaffinity(0)))
+    cores = probe.agreed(cost.usable_cores())
     host = probe.link(*probe.host_pair(), (8, IN_CACHE, FROM_MEMORY), cache_bytes)
     network = probe.link(*probe.network_pair(), (8, *ACROSS), cache_bytes) if place.hosts > 1 else None
     combine = probe.per_byte(lambda a, b: np.add(a, b, out=a), cache_bytes)

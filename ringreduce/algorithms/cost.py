@@ -380,13 +380,23 @@ def default_path():
     return pathlib.Path(os.environ.get("RINGREDUCE_PROFILE") or pathlib.Path.home() / ".cache/ringreduce/profile.json")
 
 
+def usable_cores():
+    """The CPUs this process may run on: a host's cores as a profile counts them (rrun leaves each
+    rank all of its host's CPUs unless asked to bind)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def load(path=None):
-    """The saved profile at `path` (default_path()), or DEFAULT where there is none."""
+    """The saved profile at `path` (default_path()), or where there is none DEFAULT with this
+    host's cores: whether ranks outnumber the cores is this machine's fact, not the test VM's."""
     path = pathlib.Path(path) if path else default_path()
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return DEFAULT
+        return dataclasses.replace(DEFAULT, cores=usable_cores())
     try:
         return Profile.from_json(text, source=str(path))
     except (ValueError, TypeError, KeyError, AttributeError) as error:
@@ -441,6 +451,11 @@ def explain(profile, shape, hierarchical=None):
              f"{profile.cores} cores per host",
              "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items()),
              f"choice for {shape.ranks} ranks on {shape.hosts} host(s):"]
+    if shape.local > profile.cores:
+        lines.insert(-1, f"  crowded   {shape.local} ranks per host on {profile.cores} cores take turns on them: "
+                         "their times can move 2-3x between runs, and a probe on fewer ranks predicts them short\n"
+                         "            (docs/cost_model.md): calibrate on this layout (rrun --calibrate with the "
+                         "job's -np and hosts), or run a rank per core")
     model = Model(profile, shape)
     for collective in COLLECTIVES:
         rows = model.table(collective, hierarchical)
