@@ -276,13 +276,13 @@ def _choice_job(tmp_path, size, env):
     return [tuple(row) for row in json.loads(report[len("REPORT "):])]
 
 
-@pytest.mark.mpi
 def test_explain_warns_where_ranks_outnumber_a_hosts_cores():
     profile = dataclasses.replace(cost.DEFAULT, cores=2)
     assert "crowded   4 ranks per host on 2 cores" in cost.explain(profile, cost.Shape(4))
     assert "crowded" not in cost.explain(profile, cost.Shape(4, hosts=2))
 
 
+@pytest.mark.mpi
 def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     path = tmp_path / "profile.json"
     calibrated = _rrun("-np", "2", "--calibrate", "--profile", str(path))
