@@ -75,18 +75,18 @@ def _between_runs(rows):
     """Per layout (ranks, hosts) and size band, how far each case's measured/predicted moved across runs."""
     print("| ranks | sizes | runs | cases | largest ratio against smallest: median | worst | cases over 1.67x |")
     print("|---|---|---|---|---|---|---|")
-    bands = {"64 KiB-1 MiB": (SMALL, 1 << 20), "2 MiB and up": (2 << 20, float("inf"))}
-    for ranks, hosts in dict.fromkeys((row["ranks"], row["hosts"]) for row in rows):
-        for band, (low, high) in bands.items():
-            cases = collections.defaultdict(list)
-            for row in rows:
-                if (row["ranks"], row["hosts"]) == (ranks, hosts) and low <= row["bytes"] <= high:
-                    cases[row["family"], row["bytes"]].append(row["median"] / row["predicted"])
-            spreads = [max(ratios) / min(ratios) for ratios in cases.values() if len(ratios) > 1]
-            if spreads:
-                runs = max(len(ratios) for ratios in cases.values())
-                print(f"| {ranks} on {hosts} | {band} | {runs} | {len(spreads)} | {statistics.median(spreads):.2f}x | "
-                      f"{max(spreads):.2f}x | {sum(s > 1.25 / 0.75 for s in spreads)} |")
+    groups = collections.defaultdict(lambda: collections.defaultdict(list))  # (ranks, hosts, band) -> case -> ratios
+    for row in rows:
+        if row["bytes"] >= SMALL:
+            band = "64 KiB-1 MiB" if row["bytes"] <= 1 << 20 else "2 MiB and up"
+            ratio = row["median"] / row["predicted"]
+            groups[row["ranks"], row["hosts"], band][row["family"], row["bytes"]].append(ratio)
+    for (ranks, hosts, band), cases in groups.items():
+        spreads = [max(ratios) / min(ratios) for ratios in cases.values() if len(ratios) > 1]
+        if spreads:
+            runs = max(len(ratios) for ratios in cases.values())
+            print(f"| {ranks} on {hosts} | {band} | {runs} | {len(spreads)} | {statistics.median(spreads):.2f}x | "
+                  f"{max(spreads):.2f}x | {sum(s > 1.25 / 0.75 for s in spreads)} |")
 
 
 def _within(rows, key):

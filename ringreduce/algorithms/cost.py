@@ -449,13 +449,13 @@ def explain(profile, shape, hierarchical=None):
                 if profile.shm_handover else "") + f"; cache {_bytes_text(profile.cache_bytes)}"
              + (f", a core's {_bytes_text(profile.core_cache_bytes)}" if profile.core_cache_bytes else "") + "; "
              f"{profile.cores} cores per host",
-             "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items()),
-             f"choice for {shape.ranks} ranks on {shape.hosts} host(s):"]
+             "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items())]
     if shape.local > profile.cores:
-        lines.insert(-1, f"  crowded   {shape.local} ranks per host on {profile.cores} cores take turns on them: "
-                         "their times can move 2-3x between runs, and a probe on fewer ranks predicts them short\n"
-                         "            (docs/cost_model.md): calibrate on this layout (rrun --calibrate with the "
-                         "job's -np and hosts), or run a rank per core")
+        lines += [f"  crowded   {shape.local} ranks per host on {profile.cores} cores take turns on them: their "
+                  "times can move 2-3x between runs, and a probe on fewer ranks predicts them short",
+                  "            (docs/cost_model.md): calibrate on this layout (rrun --calibrate with the job's -np "
+                  "and hosts), or run a rank per core"]
+    lines.append(f"choice for {shape.ranks} ranks on {shape.hosts} host(s):")
     model = Model(profile, shape)
     for collective in COLLECTIVES:
         rows = model.table(collective, hierarchical)
