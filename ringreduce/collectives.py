@@ -92,13 +92,16 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
                    process_set)
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
     """Send block j of the first dimension to rank j; receive and concatenate one block per rank.
 
     Without `splits` the first dimension is divided equally. With `splits` (rows per
-    destination rank) the result is (array, rows received from each rank), as Horovod.
+    destination rank) the result is (array, rows received from each rank), as Horovod;
+    `return_splits` asks for that pair or not, whichever the splits (the rows received are
+    what a gradient sends back).
     """
-    return _submit("alltoall", name, lambda domain: _alltoall(tensor, splits, domain), process_set)
+    pair = splits is not None if return_splits is None else return_splits
+    return _submit("alltoall", name, lambda domain: _alltoall(tensor, splits, domain, pair), process_set)
 
 
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -153,8 +156,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return _synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set), process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    return _synchronously(lambda: alltoall_async(tensor, splits, name, process_set), process_set)
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
+    return _synchronously(lambda: alltoall_async(tensor, splits, name, process_set, return_splits), process_set)
 
 
 def barrier(process_set=global_process_set):
@@ -361,12 +364,12 @@ def _broadcast(tensor, root_rank, domain, in_place):
     return fields, dict(input=array if is_root else None, output=backends.new_like(array))
 
 
-def _alltoall(tensor, splits, domain):
+def _alltoall(tensor, splits, domain, return_splits):
     array = _with_rows(arrays.as_array(tensor), "alltoall")
     arrays.check_dtype(array)
     counts = _split_counts(array, splits, domain.engine.size)
     return (_about(array),
-            dict(input=array, splits=counts, return_splits=splits is not None))
+            dict(input=array, splits=counts, return_splits=return_splits))
 
 
 def _with_rows(array, what):

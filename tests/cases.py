@@ -117,9 +117,16 @@ def scattered_rows(rank, size, total=6):
     return slice(start, start + counts[rank])
 
 
+def equal_split_contribution(rank, size):
+    """An alltoall without splits: rank r sends r + 1 rows to every rank."""
+    return np.repeat(np.arange(size, dtype=np.float32), rank + 1) + rank
+
+
 def expected_gradients(rank, size):
-    """The gradient of the sum of every rank's loss with respect to rank `rank`'s contribution,
-    through each collective of the gradient tests (and the alltoall's received rows)."""
+    """The gradient, by Horovod's rules, of every rank's loss with respect to rank `rank`'s
+    contribution through each collective of the gradient tests (and the alltoall's received
+    rows): allgather and broadcast average the gradient over the ranks, a Sum reducescatter
+    scales the allgathered gradient by the size (ringreduce.gradients)."""
     all_w = sum(weights(r) for r in range(size))
     gathered = sum(r + 1 for r in range(size))
     start = sum(r + 1 for r in range(rank))
@@ -131,10 +138,13 @@ def expected_gradients(rank, size):
     return {
         "allreduce-sum": all_w,
         "allreduce-average": all_w / size,
-        "allgather": sum(weights(r, gathered) for r in range(size))[start:start + rank + 1],
-        "broadcast": all_w if rank == size - 1 else np.zeros(6, np.float32),
-        "reducescatter": np.concatenate([weights(r)[:len(range(6)[scattered_rows(r, size)])] for r in range(size)]),
+        "allgather": sum(weights(r, gathered) for r in range(size))[start:start + rank + 1] / size,
+        "broadcast": all_w / size if rank == size - 1 else np.zeros(6, np.float32),
+        "reducescatter": size * np.concatenate([weights(r)[:len(range(6)[scattered_rows(r, size)])]
+                                                for r in range(size)]),
         "alltoall": np.concatenate(blocks),
+        # Rank j receives k + 1 rows from each rank k, in rank order.
+        "alltoall-equal": np.concatenate([weights(j, gathered)[start:start + rank + 1] for j in range(size)]),
         "alltoall-received": received[rank],
         "grouped": np.stack([all_w, 2 * all_w]),
     }

@@ -29,7 +29,7 @@ EXPECTED = {
                              "and add up to the first dimension (4)"),
     "bool-sum": ("UnsupportedDtypeError", "failed on ranks 0, 1, 2: Sum is not defined for bool"),
     "root-out-of-range": ("ValueError", "root_rank 3 is not a rank of this job (0 to 2)"),
-    "duplicate": ("ValueError", "allreduce 'twice' was submitted again on rank "),
+    "duplicate": ("ValueError", "while a request of that name is still in flight there"),
     "length": ("MismatchError", "allreduce 'grad' does not match across ranks: shape (3,) on ranks 0, 2 but (2000,) "
                                 "on rank 1"),
     "name": ("MismatchError", "plain calls pair up in program order, and here their names differ: allreduce 'even' "

@@ -65,6 +65,9 @@ def test_horovod_style_calls(job):
         if np > 1:
             assert "allreduce 'mismatched' does not match across ranks: shape" in got["internal_error"]
         assert got["adasum"].endswith("Adasum is not offered by ringreduce; use Average (or Sum)"), got["adasum"]
+        for kind in ("allreduce", "allgather", "broadcast", "reducescatter"):
+            assert f"{kind} 'twice.{kind}' was submitted on rank {rank} while a request of that name is still " \
+                   "in flight" in got[f"twice-{kind}"]
         assert 0 <= got["joined"].item() < np
         assert got["built"].tolist() == [True, True, False, False, False, True, True]
     events = [json.loads(line.rstrip(",")) for line in (out / "timeline.json").read_text().splitlines()[1:]

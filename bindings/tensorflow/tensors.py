@@ -9,8 +9,8 @@ inter-op threads would otherwise block in different collectives on different ran
 collective without a name inside a graph is named after its input tensor, which is the same on
 every rank that builds the same graph.
 
-The dense collectives are differentiable (tf.custom_gradient), as Horovod's are: each gradient is
-the exact gradient of the sum of every rank's loss, as in ringreduce.torch (docs/horovod.md).
+The dense collectives are differentiable (tf.custom_gradient), as Horovod's are, by Horovod's
+rules (ringreduce.gradients), as in ringreduce.torch.
 
 `device_dense` and `device_sparse` are accepted: the engine runs the collectives where their
 arrays live. Names are never prefixed by the name scope, so `ignore_name_scope` changes nothing.
@@ -24,7 +24,7 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce import compression as wire
-from ringreduce import ops, process_sets
+from ringreduce import gradients, ops, process_sets
 from ringreduce.collectives import grouped_names
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
@@ -90,7 +90,7 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
             return [core.allreduce(tensor=arrays[0], name=base, **scaling)]
 
         def backward(upstream):
-            _check_differentiable(op, "allreduce")
+            gradients.check_differentiable(op, "allreduce")
             return _combined(upstream, op, Compression.none, prescale_factor, postscale_factor, None, process_set,
                              grouped)
 
@@ -113,14 +113,15 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
     values = [_value(t) for t in tensors]
 
     def backward(upstream):
-        """This rank's rows of the sum over ranks of the gradient."""
-        summed = _combined(upstream, core.Sum, Compression.none, 1.0, 1.0, None, process_set, grouped=True)
+        """This rank's rows of the gradient averaged over the ranks."""
+        averaged = _combined(upstream, gradients.GATHERED_GRADIENT_OP, Compression.none, 1.0, 1.0, None, process_set,
+                             grouped=True)
         every_ranks_rows = grouped_allgather([tf.shape(v, out_type=tf.int64)[:1] for v in values],
                                              process_set=process_set)
         mine = process_set.rank()
         return [tf.slice(s, tf.concat([[tf.reduce_sum(rows[:mine])], tf.zeros_like(tf.shape(v)[1:], dtype=tf.int64)],
                                       0), tf.shape(v, out_type=tf.int64))
-                for s, rows, v in zip(summed, every_ranks_rows, values, strict=True)]
+                for s, rows, v in zip(averaged, every_ranks_rows, values, strict=True)]
 
     return _differentiable(lambda ts: run_on_values("allgather", name, ts, lambda arrays, base: core.grouped_allgather(
         tensors=arrays, name=base, process_set=process_set), _rows_unknown(ts)), backward, values)
@@ -129,8 +130,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """The root rank's tensor (root_rank is a global rank), on every rank of `process_set`."""
     def backward(upstream):
-        summed = allreduce(upstream[0], op=core.Sum, process_set=process_set)
-        return [summed if core.rank() == root_rank else tf.zeros_like(summed)]
+        averaged = allreduce(upstream[0], op=gradients.GATHERED_GRADIENT_OP, process_set=process_set)
+        return [averaged if core.rank() == root_rank else tf.zeros_like(averaged)]
 
     return _differentiable(lambda ts: run_on_values(
         "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base,
@@ -150,29 +151,27 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Block j of the first dimension to rank j (of `process_set`); without `splits` it is divided
     equally. With `splits` the result is (tensor, rows received from each rank), as Horovod."""
-    values = [_value(tensor)]
-    if splits is None:
-        return _differentiable(lambda ts: run_on_values(
-            "alltoall", name, ts, lambda arrays, base: [core.alltoall(tensor=arrays[0], name=base,
-                                                                      process_set=process_set)],
-            _rows_unknown(ts)), lambda upstream: [alltoall(upstream[0], process_set=process_set)], values)[0]
-    splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+    given = splits is not None
+    inputs = [_value(tensor)] + ([tf.cast(tf.convert_to_tensor(splits), tf.int64)] if given else [])
 
     def collective(arrays, base):
-        result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist(), name=base,
-                                         process_set=process_set)
+        result, received = core.alltoall(tensor=arrays[0], splits=arrays[1].tolist() if given else None, name=base,
+                                         process_set=process_set, return_splits=True)
         return [result, np.asarray(received, dtype=np.int64)]
 
     exchanged = []
 
     def forward(ts):
-        exchanged[:] = run_on_values("alltoall", name, ts + [splits], collective,
-                            _rows_unknown(ts) + [tf.TensorShape([process_set.size()])])
+        # The splits travel as a graph input (a second numpy_function input); the rows received
+        # come back as a second output, which the gradient sends back by.
+        exchanged[:] = run_on_values("alltoall", name, ts + inputs[1:], collective,
+                                     _rows_unknown(ts) + [tf.TensorShape([process_set.size()])],
+                                     dtypes=[ts[0].dtype, tf.int64])
         return exchanged[:1]
 
     (result,) = _differentiable(forward, lambda upstream: [
-        alltoall(upstream[0], splits=exchanged[1], process_set=process_set)[0]], values)
-    return result, exchanged[1]
+        alltoall(upstream[0], splits=exchanged[1], process_set=process_set)[0]], inputs[:1])
+    return (result, exchanged[1]) if given else result
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=core.Average, name=None,
@@ -219,8 +218,7 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
         return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
 
     def backward(upstream):
-        _check_differentiable(op, "reducescatter")
-        scale = prescale_factor * postscale_factor / (process_set.size() if op == core.Average else 1)
+        scale = gradients.reducescatter_scale(op, prescale_factor, postscale_factor, process_set.size())
         return [g * tf.cast(scale, g.dtype) for g in grouped_allgather(upstream, process_set=process_set)]
 
     return _differentiable(forward, backward, values)
@@ -256,12 +254,6 @@ def _differentiable(forward, backward, values):
     return run(*values)
 
 
-def _check_differentiable(op, what):
-    if op not in (core.Sum, core.Average):
-        raise NotImplementedError(f"the gradient of {what} with op {ops.ReduceOp(op).name.capitalize()} is not "
-                                  "defined; only Sum and Average are differentiable")
-
-
 def _compressed(compression, values, names, run):
     """run(tensors, engine compression): the built-ins are the engine's own; a compressor of the
     user's own compresses before the collective and decompresses after (given each tensor's name
@@ -274,10 +266,11 @@ def _compressed(compression, values, names, run):
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 
 
-def run_on_values(kind, name, values, collective, shapes):
+def run_on_values(kind, name, values, collective, shapes, dtypes=None):
     """collective(arrays, name) -> arrays, on the tensors' values: eagerly, or as one graph node
     (named after the first input where no name is given) that runs after the graph's previous
-    collective node. Eagerly a ringreduce error is raised as TensorFlow's ops raise theirs too."""
+    collective node. The outputs have the inputs' dtypes unless `dtypes` says otherwise. Eagerly
+    a ringreduce error is raised as TensorFlow's ops raise theirs too."""
     if tf.executing_eagerly():
         with raised_as_tensorflow_errors():
             results = collective([v.numpy() for v in values], name)
@@ -286,9 +279,8 @@ def run_on_values(kind, name, values, collective, shapes):
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        # Every collective's outputs have its inputs' dtypes (alltoall's splits: int64 both ways).
         results = tf.numpy_function(lambda *arrays: [np.asarray(r) for r in collective(list(arrays), name)],
-                                    values, [v.dtype for v in values], stateful=True)
+                                    values, dtypes or [v.dtype for v in values], stateful=True)
     results = results if isinstance(results, list) else [results]
     _last_collective[graph] = results[0].op
     for result, shape in zip(results, shapes, strict=True):

@@ -1,26 +1,17 @@
 """The plain out-of-place collectives on tensors, each an autograd Function, as Horovod's are:
-a tensor that requires grad gives a result that does too.
-
-Each backward is the exact gradient of the sum of every rank's loss: an allreduce of the
-gradient for an allreduce (Sum or Average), a reducescatter of it for an allgather (an allreduce
-with Sum, of which each rank keeps its rows), the sum over ranks for the root of a broadcast
-(zero elsewhere), an allgather for a reducescatter, the reverse alltoall for an alltoall.
-Horovod averages instead of summing for allgather and broadcast, and scales the reducescatter's
-differently; docs/horovod.md says where. The backward calls are collectives too: every rank runs
-backward through the same collectives in the same order.
+a tensor that requires grad gives a result that does too. Each backward follows Horovod's rule
+(ringreduce.gradients), and is made of collectives too: every rank runs backward through the
+same collectives in the same order.
 """
 
 import ringreduce as core
 import torch
 from ringreduce import compression as wire
-from ringreduce import ops
+from ringreduce import gradients, ops
 from ringreduce.collectives import grouped_names
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
-
-_DIFFERENTIABLE_OPS = (core.Sum, core.Average)
-
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
@@ -84,12 +75,6 @@ def _compressed(compression, inputs, names, run, engine_compresses=True):
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 
 
-def _check_differentiable(op, what):
-    if op not in _DIFFERENTIABLE_OPS:
-        raise NotImplementedError(f"the gradient of {what} with op {ops.ReduceOp(op).name.capitalize()} is not "
-                                  "defined; only Sum and Average are differentiable")
-
-
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale, postscale, engine, process_set):
@@ -98,7 +83,7 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        _check_differentiable(ctx.op, "allreduce")
+        gradients.check_differentiable(ctx.op, "allreduce")
         return (allreduce(grad, op=ctx.op, prescale_factor=ctx.prescale, postscale_factor=ctx.postscale,
                           process_set=ctx.process_set),) + (None,) * 6
 
@@ -112,13 +97,13 @@ class _GroupedAllreduce(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _check_differentiable(ctx.op, "grouped_allreduce")
+        gradients.check_differentiable(ctx.op, "grouped_allreduce")
         return (None,) * 6 + tuple(grouped_allreduce(list(grads), op=ctx.op, prescale_factor=ctx.prescale,
                                                      postscale_factor=ctx.postscale, process_set=ctx.process_set))
 
 
 class _Allgather(torch.autograd.Function):
-    """One or several tensors; backward: each rank's rows of the sum of every rank's gradient."""
+    """One or several tensors; backward: each rank's rows of the gradient averaged over the ranks."""
 
     @staticmethod
     def forward(ctx, name, process_set, *inputs):
@@ -127,11 +112,11 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        summed = grouped_allreduce(list(grads), op=core.Sum, process_set=ctx.process_set)
+        averaged = grouped_allreduce(list(grads), op=gradients.GATHERED_GRADIENT_OP, process_set=ctx.process_set)
         every_ranks_rows = calls.allgather_async(torch.tensor([ctx.rows], dtype=torch.int64),
                                                  process_set=ctx.process_set).wait()
         starts = every_ranks_rows[:ctx.process_set.rank()].sum(dim=0).tolist()
-        return (None, None) + tuple(g.narrow(0, start, rows) for g, start, rows in zip(summed, starts, ctx.rows,
+        return (None, None) + tuple(g.narrow(0, start, rows) for g, start, rows in zip(averaged, starts, ctx.rows,
                                                                                   strict=True))
 
 
@@ -143,8 +128,8 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        summed = allreduce(grad, op=core.Sum, process_set=ctx.process_set)
-        return (summed if core.rank() == ctx.root_rank else torch.zeros_like(summed)), None, None, None
+        averaged = allreduce(grad, op=gradients.GATHERED_GRADIENT_OP, process_set=ctx.process_set)
+        return (averaged if core.rank() == ctx.root_rank else torch.zeros_like(averaged)), None, None, None
 
 
 class _Alltoall(torch.autograd.Function):
@@ -153,30 +138,27 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, splits, process_set):
         ctx.process_set = process_set
-        result = calls.alltoall_async(tensor, splits, name, process_set).wait()
-        if splits is None:
-            ctx.received = None
-            return result
-        output, received = result
+        output, received = calls.alltoall_async(tensor, splits, name, process_set, return_splits=True).wait()
         ctx.received = received.tolist()
+        if splits is None:
+            return output
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad, *_received):
-        back = calls.alltoall_async(grad.contiguous(), ctx.received, process_set=ctx.process_set).wait()
-        return (back if ctx.received is None else back[0]), None, None, None
+        back, _ = calls.alltoall_async(grad.contiguous(), ctx.received, process_set=ctx.process_set).wait()
+        return back, None, None, None
 
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, name, prescale, postscale, process_set, *inputs):
-        ctx.op, ctx.process_set = op, process_set
-        ctx.scale = prescale * postscale / (process_set.size() if op == core.Average else 1)
+        ctx.op, ctx.prescale, ctx.postscale, ctx.process_set = op, prescale, postscale, process_set
         return tuple(calls.grouped_reducescatter_async(inputs, name, op, process_set, prescale, postscale).wait())
 
     @staticmethod
     def backward(ctx, *grads):
-        _check_differentiable(ctx.op, "reducescatter")
-        return (None,) * 5 + tuple(g * ctx.scale for g in grouped_allgather([g.contiguous() for g in grads],
-                                                                            process_set=ctx.process_set))
+        scale = gradients.reducescatter_scale(ctx.op, ctx.prescale, ctx.postscale, ctx.process_set.size())
+        return (None,) * 5 + tuple(g * scale for g in grouped_allgather([g.contiguous() for g in grads],
+                                                                        process_set=ctx.process_set))

@@ -140,12 +140,14 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
     """Start sending block j of the first dimension to rank j (of `process_set`). With `splits`
-    (rows per rank) the handle gives (tensor, rows received from each rank), as Horovod's."""
+    (rows per rank), or `return_splits`, the handle gives (tensor, rows received from each
+    rank), as Horovod's."""
+    pair = splits is not None if return_splits is None else return_splits
     handle = core.alltoall_async(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name,
-                                 process_set=process_set)
-    if splits is None:
+                                 process_set=process_set, return_splits=pair)
+    if not pair:
         return Handle(handle, _out_of_place(tensor))
     return Handle(handle, lambda result: (as_tensor(result[0], tensor), torch.from_numpy(result[1])))
 

@@ -61,6 +61,7 @@ class Engine:
         self._cycling = threading.Lock()  # held by whichever thread runs a cycle
         self._pace = True
         self._pending = {}  # name -> Request, in submission order
+        self._names_in_flight = set()  # of requests submitted and not finished (added under _queue_lock)
         self._join_handle = None
         self._shutdown_handle = None
         self._failure = None  # set if the engine itself broke: every later request gets it
@@ -77,7 +78,9 @@ class Engine:
     # ---- the caller's side ------------------------------------------------------------
 
     def submit(self, request, wake=True):
-        """Queue a request; `wake=False` when the caller will run the cycles itself (wait_for)."""
+        """Queue a request; `wake=False` when the caller will run the cycles itself (wait_for).
+        A request named as one still in flight on this rank is a ValueError here, at once (as
+        Horovod): its result could not be told from the first one's."""
         with self._queue_lock:
             if self._failure is not None:
                 if isinstance(request, tuple):  # a broken engine has stopped: leaving it needs nothing
@@ -86,6 +89,12 @@ class Engine:
                 else:
                     request.handle.finish(error=self._failure)
                 return
+            if not isinstance(request, tuple):
+                if request.name in self._names_in_flight:
+                    raise ValueError(
+                        f"{request.message.kind} {request.name!r} was submitted on rank {self.global_rank} while a "
+                        "request of that name is still in flight there; give each in-flight request its own name")
+                self._names_in_flight.add(request.name)
             self._incoming.append(request)
             if wake:
                 self._wakeup.notify()
@@ -209,17 +218,15 @@ class Engine:
                 self._shutdown_handle = handle
                 for name in list(self._pending):
                     request = self._pending.pop(name)
+                    self._names_in_flight.discard(name)
                     request.handle.finish(error=RingReduceError(
                         f"shutdown() was called on rank {self.global_rank} while {request.message.kind} "
                         f"{name!r} was still pending"))
             return
         request = item
         if self._shutdown_handle is not None:
+            self._names_in_flight.discard(request.name)
             request.handle.finish(error=RingReduceError(f"ringreduce is shutting down on rank {self.global_rank}"))
-        elif request.name in self._pending:
-            request.handle.finish(error=ValueError(
-                f"{request.message.kind} {request.name!r} was submitted again on rank {self.global_rank} while the "
-                "first one is still in flight; give each in-flight request its own name"))
         else:
             self._pending[request.name] = request
 
@@ -254,6 +261,7 @@ class Engine:
             for index, request in enumerate(requests):
                 if request is not None:
                     del self._pending[request.name]
+                    self._names_in_flight.discard(request.name)
                     request.handle.finish(None if error else results[index], error)
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
@@ -285,6 +293,7 @@ class Engine:
             handles = [r.handle for r in waiting] + [h for h in (self._join_handle, self._shutdown_handle) if h]
             self._pending.clear()
             self._incoming.clear()
+            self._names_in_flight.clear()
         for handle in handles:
             handle.finish(error=failure)
 

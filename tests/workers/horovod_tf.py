@@ -92,6 +92,7 @@ grads = {
     "broadcast": gradient(lambda v: hvd.broadcast(v, size - 1), mine, w),
     "reducescatter": gradient(lambda v: hvd.reducescatter(v, op=hvd.Sum), mine, w),
     "alltoall": gradient(lambda v: hvd.alltoall(v, splits=cases.splits(rank, size))[0], mine, w),
+    "alltoall-equal": gradient(hvd.alltoall, tf.constant(cases.equal_split_contribution(rank, size)), w),
 }
 with tf.GradientTape() as tape:
     pair = [tf.identity(mine), tf.identity(mine)]

@@ -65,6 +65,17 @@ def calls(results):
         "alltoall_async": hvd.alltoall_async(torch.arange(size * 2.0) + 10 * rank),
     }
     results.update({name: hvd.synchronize(handle) for name, handle in handles.items()})
+    submissions = {"allreduce": lambda: hvd.allreduce_async(x, name="twice.allreduce"),
+                   "allgather": lambda: hvd.allgather_async(x, name="twice.allgather"),
+                   "broadcast": lambda: hvd.broadcast_async(x, 0, name="twice.broadcast"),
+                   "reducescatter": lambda: hvd.reducescatter_async(x, name="twice.reducescatter")}
+    for kind, submit in submissions.items():  # Horovod refuses a name in flight at the second submission
+        first = submit()
+        try:
+            submit()
+        except ValueError as error:
+            results[f"twice-{kind}"] = str(error)
+        hvd.synchronize(first)
     target = x.clone()
     hvd.synchronize(hvd.broadcast_async_(target, 0))
     results["broadcast_async_"] = target
@@ -110,6 +121,10 @@ def grads(results):
     (exchanged * torch_cases.weights(rank, len(exchanged))).sum().backward()
     results["alltoall"] = leaf.grad
     results["alltoall-received"] = received
+    leaf = torch.from_numpy(cases.equal_split_contribution(rank, size)).requires_grad_()
+    exchanged = hvd.alltoall(leaf)
+    (exchanged * torch_cases.weights(rank, len(exchanged))).sum().backward()
+    results["alltoall-equal"] = leaf.grad
     first, second = x.clone().requires_grad_(), x.clone().requires_grad_()
     summed = hvd.grouped_allreduce([first, second], op=hvd.Sum)
     (summed[0] * weights + summed[1] * 2 * weights).sum().backward()
