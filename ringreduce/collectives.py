@@ -13,6 +13,7 @@ import typing
 import numpy as np
 
 from ringreduce import arrays, ops, preemption, reduction, runtime
+from ringreduce.call_sites import user_call_site
 from ringreduce import compression as compressions
 from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
@@ -295,9 +296,10 @@ def _submit(kind, name, build, process_set):
         fields, data = build(domain)
         if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
             data["ready"] = gpu.ready_event()
-        message = Message(name=name, kind=kind, **fields)
+        message = Message(name=name, kind=kind, site=user_call_site(), **fields)
     except (TypeError, ValueError) as error:
-        message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error))), {}
+        message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error)),
+                                site=user_call_site()), {}
     plain = getattr(_calling, "plain", None)
     if plain is not None and plain[2] and plain[0] is domain:
         done, result = domain.ordered.run(message, data.get("input"), data.get("output"))

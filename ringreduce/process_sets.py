@@ -8,6 +8,8 @@ gives the rank within the set, to read an allgather's result.
 """
 
 from ringreduce import runtime
+from ringreduce.call_sites import user_call_site
+from ringreduce.errors import ranks_text
 
 
 class ProcessSet:
@@ -78,6 +80,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set} has been added already")
+    _together("add_process_set")
     process_set.process_set_id = runtime.active().add_domain(process_set.mpi_comm or process_set.ranks)
     return process_set
 
@@ -87,7 +90,24 @@ def remove_process_set(process_set):
     or one that was never made; a set with collectives in flight is a ValueError."""
     if process_set.process_set_id is None:
         return False
+    _together("remove_process_set")
     removed = runtime.active().remove_domain(process_set.process_set_id)
     if removed:
         process_set.process_set_id = None
     return removed
+
+
+def _together(call):
+    """Meet the other ranks in `call` through the whole job's engine first, so that a rank that
+    is in another collective (one that raised alone and skipped a call, say) is a clear error on
+    every rank, naming each rank's call and where it was made, instead of a hang in the MPI
+    collectives that make and remove the set."""
+    from ringreduce import objects  # objects depends on this module
+
+    calls = objects.allgather_object((call, user_call_site()), name="ringreduce.process_sets")
+    if len({name for name, _ in calls}) > 1:
+        by_call = {}
+        for rank, (name, site) in enumerate(calls):
+            by_call.setdefault(f"{name} (at {site or 'an unknown place'})", []).append(rank)
+        raise ValueError("the ranks are not making the same process set change: "
+                         + " but ".join(f"{text} on {ranks_text(who)}" for text, who in by_call.items()))

@@ -223,7 +223,8 @@ class ProgramOrder:
             if len(names) > 1:
                 error = MismatchError(f"plain calls{self.where} pair up in program order, and here their names "
                                       "differ: " + " but ".join(f"{messages[who[0]].kind} {name!r} on "
-                                                                 f"{ranks_text(who)}" for name, who in names.items()))
+                                                                 f"{ranks_text(who)}" for name, who in names.items())
+                                      + agreement.called_at([messages[r] for r in ranks], ranks))
         if error is not None:
             raise error
 

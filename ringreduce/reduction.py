@@ -51,9 +51,10 @@ def scale(source, factor, out=None):
 
 def scale_result(array, op, size, postscale_factor=1.0):
     """Turn a reduced sum into the op's result in place. Average of floats is one multiplication by
-    postscale / size, as Horovod's (one rounding); integer averages are floored (numpy's //),
-    which stays exact for every int64, then postscaled."""
+    postscale / size, as Horovod's (one rounding); integer averages are truncated toward zero,
+    as Horovod's (-33 / 2 is -16), in integers, so exact for every int64, then postscaled."""
     if op == ReduceOp.AVERAGE and np.issubdtype(array.dtype, np.integer):
+        np.subtract(array, np.fmod(array, size), out=array)  # a multiple of size, toward zero
         np.floor_divide(array, size, out=array)
         scale(array, postscale_factor)
     else:

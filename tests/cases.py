@@ -58,10 +58,10 @@ def reference_reduce(arrays, op):
 
 
 def average(total, size):
-    """Average from the sum, as ringreduce (and for floats, Horovod) computes it: integers floored,
-    floats multiplied by 1 / size once, float16 and float32 in float32."""
+    """Average from the sum, as Horovod computes it: integers truncated toward zero, floats
+    multiplied by 1 / size once, float16 and float32 in float32."""
     if np.issubdtype(total.dtype, np.integer):
-        return total // size
+        return np.sign(total) * (np.abs(total) // size)
     single = total.dtype.itemsize <= 4
     wide = total.astype(np.float32) * np.float32(1 / size) if single else total * (1 / size)
     return wide.astype(total.dtype)

@@ -133,7 +133,9 @@ def test_a_withheld_tensor_is_reported_then_ends_the_job():
     env = {"RINGREDUCE_STALL_CHECK_TIME": "1", "RINGREDUCE_STALL_SHUTDOWN_TIME": "3"}
     job = run_job(3, "engine.py", "withhold", env=env, rrun_args=("--stall-stacks",), timeout=60)
     assert job.returncode != 0
-    warning = re.compile(r"allreduce 'withheld': submitted by ranks 0, 2 \d+ s ago, still missing from rank 1")
+    # The call site in the program comes with the name.
+    warning = re.compile(r"allreduce 'withheld' \(engine\.py:136\): submitted by ranks 0, 2 \d+ s ago, still missing "
+                         "from rank 1")
     for rank in (0, 2):
         assert any(warning.search(line) for line in job.lines_of(rank, "stderr")), job.stderr
     assert "StallError: allreduce 'withheld'" in job.last_line and "missing from rank 1" in job.last_line
@@ -216,7 +218,7 @@ def test_poll_and_synchronize():
 def test_a_deadlock_fails_on_every_rank_within_the_grace_period_and_the_job_goes_on(np):
     job = run_job(np, "engine.py", "deadlock", env={"RINGREDUCE_DEADLOCK_TIME": "2"}, timeout=60)
     assert job.returncode == 0, job.stderr[-3000:]
-    waits = "; ".join(f"rank {r} waits in allreduce 'only-on-{r}'" for r in range(np))
+    waits = "; ".join(f"rank {r} waits in allreduce 'only-on-{r}' (engine.py:184)" for r in range(np))
     for rank in range(np):
         failed, after = reports(job, rank)
         assert failed["error"] == ("deadlock: every rank has been blocked for 2 s with nothing new submitted "

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.mpi
 EXPECTED = {
     "shape": ("MismatchError", "allreduce 'grad' does not match across ranks: shape (3,) on ranks 0, 2 "
                                "but (4,) on rank 1"),
+    "sites": ("MismatchError", "allreduce 'placed' does not match across ranks: shape (3,) on ranks 0, 2 but (4,) on "
+                               "rank 1 (called at mismatch.py:23 on ranks 0, 2 but mismatch.py:21 on rank 1)"),
     "dtype": ("MismatchError", "dtype float32 on ranks 0, 2 but float64 on rank 1"),
     "op": ("MismatchError", "op Sum on ranks 0, 2 but Max on rank 1"),
     "root": ("MismatchError", "root_rank 0 on ranks 0, 2 but 1 on rank 1"),

@@ -136,6 +136,10 @@ def test_misuse_is_a_clear_error_on_the_ranks_involved(job):
         assert kind == "ValueError" and "exists already" in text
         kind, text = errors["outside-the-job"]
         assert kind == "ValueError" and f"0 to {size - 1}" in text
+        kind, text = errors["changes-differ"]
+        assert kind == "ValueError" and text == (
+            "the ranks are not making the same process set change: add_process_set (at process_sets.py:75) on "
+            f"rank 0 but remove_process_set (at process_sets.py:75) on {'rank 1' if size == 2 else 'ranks ' + ', '.join(map(str, range(1, size)))}")
     assert any("not-a-member" in report["errors"] for report in reports)
 
 
@@ -167,7 +171,7 @@ def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set
     for rank in range(4):
         group, member = rank // 2, rank % 2
         net = torch_cases.model()
-        reference = torch_cases.train(net, torch_cases.optimizer("adam", net.parameters()),
+        reference = torch_cases.train(net, torch_cases.as_after_broadcast(torch_cases.optimizer("adam", net.parameters())),
                                       [(half * group, half * (group + 1))])
         for name, value in reference.items():
             torch.testing.assert_close(got[rank][name], value, rtol=1e-5, atol=1e-5)
@@ -224,7 +228,8 @@ def test_tensorflow_collectives_broadcast_and_tape_on_sets(tmp_path):
 def test_a_stall_within_a_set_names_the_set_and_its_global_ranks():
     job = run_job(3, "set_stall.py", env={"RINGREDUCE_STALL_CHECK_TIME": "1"}, timeout=60)
     assert job.returncode == 0, job.stderr[-3000:]
-    expected = "allreduce 'late.grad' in process set 1: submitted by rank 1"
+    expected = "allreduce 'late.grad' in process set 1 (set_stall.py:1"
     for rank in (1, 2):
         lines = job.lines_of(rank, "stderr")
-        assert any(expected in line and "still missing from rank 2" in line for line in lines), lines
+        assert any(expected in line and "): submitted by rank 1" in line and "still missing from rank 2" in line
+                   for line in lines), lines

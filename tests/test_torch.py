@@ -217,15 +217,21 @@ def test_broadcast_makes_different_ranks_equal(tmp_path):
     assert job.returncode == 0, job.stderr[-3000:]
     root = load(tmp_path / "broadcast", 0)
     assert root["adam"]["state"][0]["step"] == 1  # rank 0 took one step; the others more
-    assert root["fresh"]["state"] == {} and root["fresh"]["param_groups"][0]["lr"] == 0.5
-    for rank in (1, 2):
+    # A fresh optimizer takes one step with zero gradients first, as Horovod's broadcast does:
+    # Adam's state then exists (step 1, zero moments); the frozen parameter gets neither.
+    assert root["fresh"]["param_groups"][0]["lr"] == 0.5 and sorted(root["fresh"]["state"]) == [0, 1, 2, 3]
+    for state in root["fresh"]["state"].values():
+        assert state["step"] == 1 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    for rank in (0, 1, 2):
         got = load(tmp_path / "broadcast", rank)
+        assert got["frozen_grad"] is None and all(not g.any() for g in got["zero_grads"])
         for name, value in root["model"].items():
             assert torch.equal(got["model"][name], value), name
-        for index, state in root["adam"]["state"].items():
-            for key, value in state.items():
-                assert torch.equal(torch.as_tensor(got["adam"]["state"][index][key]), torch.as_tensor(value))
-        assert got["fresh"] == root["fresh"]
+        for part in ("adam", "fresh"):
+            assert got[part]["param_groups"] == root[part]["param_groups"]
+            for index, state in root[part]["state"].items():
+                for key, value in state.items():
+                    assert torch.equal(torch.as_tensor(got[part]["state"][index][key]), torch.as_tensor(value))
 
 
 def test_lr_scheduler_and_clipping_between_synchronize_and_step(misc):

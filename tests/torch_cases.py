@@ -43,6 +43,16 @@ def train(net, opt, batches_per_step):
 
 
 
+def as_after_broadcast(opt):
+    """`opt` as broadcast_optimizer_state leaves a fresh optimizer, by Horovod's rule: one step
+    with zero gradients taken (Adam's step count 1), the gradients left zero."""
+    for group in opt.param_groups:
+        for parameter in group["params"]:
+            parameter.grad = torch.zeros_like(parameter)
+    opt.step()
+    return opt
+
+
 def contribution(rank):
     return torch.from_numpy(cases.contribution(rank))
 

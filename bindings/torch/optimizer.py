@@ -4,6 +4,7 @@ of the backward pass; step() only waits for what is still in flight.
 """
 
 import contextlib
+import warnings
 
 import numpy as np
 
@@ -57,8 +58,10 @@ class _DistributedOptimizer:
             raise ValueError("gradient_predivide_factor needs op=Average")
         else:
             self._prescale = self._postscale = 1.0
-        self._names = _parameter_names(self.param_groups, named_parameters)
-        self._ordered = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)  # Horovod's attribute
+        # A rank outside the process set trains alone, as under Horovod: no hooks, no averaging.
+        self._ordered = [p for group in self.param_groups for p in group["params"] if p.requires_grad
+                         and process_set.included()]
         self._handles = {}  # parameter -> handle of its gradient's allreduce, this step
         self._passes = {p: 0 for p in self._ordered}
         self._synchronized = False
@@ -70,7 +73,7 @@ class _DistributedOptimizer:
         """Called by autograd once `parameter.grad` holds this backward pass's gradient."""
         if parameter in self._handles:
             raise RuntimeError(
-                f"the gradient of {self._names[parameter]!r} was computed again before step() or "
+                f"the gradient of {self._parameter_names[parameter]!r} was computed again before step() or "
                 "synchronize(); call backward once per step, or raise backward_passes_per_step")
         self._passes[parameter] += 1
         if self._passes[parameter] == self._passes_per_step and self._powersgd is None:
@@ -82,7 +85,7 @@ class _DistributedOptimizer:
         built-in compressions, a compressor of the user's own runs around the allreduce; a sparse
         gradient is gathered (indices and values, as Horovod), unless sparse_as_dense makes it dense
         first."""
-        name = self._names[parameter]
+        name = self._request_name(parameter)
         if self._staleness:
             self._last_step_arrived(parameter)
         if self._balancer is not None:
@@ -106,6 +109,10 @@ class _DistributedOptimizer:
                                                 process_set=self._process_set)
         return tensors.Handle(handle, lambda result: target.copy_(self._compression.decompress(result, ctx)))
 
+    def _request_name(self, parameter):
+        """The name of the collectives on `parameter`'s gradient (apart from the user's own names)."""
+        return f"grad.{self._parameter_names[parameter]}"
+
     def _last_step_arrived(self, parameter):
         """Wait for the last step's average of `parameter` (asked one step later: long done); it is
         applied at this step's step()."""
@@ -122,6 +129,9 @@ class _DistributedOptimizer:
         A parameter that got no gradient here but did on another rank takes part with zeros,
         so no rank waits for it; one that got no gradient anywhere keeps grad None.
         """
+        if not self._process_set.included():
+            self._synchronized = True
+            return
         if self._balancer is not None:
             self._balancer.work_done()
         present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
@@ -203,10 +213,10 @@ class _DistributedOptimizer:
                 if parameter.grad is None or not local:
                     parameter.grad = torch.zeros_like(parameter)
                 if parameter.grad.is_sparse:
-                    raise ValueError(f"PowerSGD needs dense gradients; {self._names[parameter]!r} is sparse")
+                    raise ValueError(f"PowerSGD needs dense gradients; {self._parameter_names[parameter]!r} is sparse")
                 if self._balancer is not None:
                     parameter.grad.mul_(self._balancer.weight())
-                array = named[self._names[parameter]] = tensors.as_array(parameter.grad)
+                array = named[self._request_name(parameter)] = tensors.as_array(parameter.grad)
                 if parameter.grad.dtype == torch.bfloat16:  # as_array's float32 copy: averaged there
                     copies.append((parameter.grad, array))
         self._powersgd.average(named, self._process_set)
@@ -237,6 +247,11 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         if not self._skip_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): the gradients are averaged once more; call step() "
+                              "inside `with optimizer.skip_synchronize():` after a synchronize() of your own",
+                              stacklevel=2)
             self.synchronize()
         elif not self._synchronized:
             raise RuntimeError("step() inside skip_synchronize() needs a synchronize() call before it")
@@ -308,10 +323,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
 
 def _parameter_names(param_groups, named_parameters):
-    """A name per parameter, the same on every rank: given ones, else the position in the groups."""
+    """A name per parameter, the same on every rank: given ones, else Horovod's from the position
+    in the groups."""
     parameters = [p for group in param_groups for p in group["params"]]
     if named_parameters is None:
-        return {p: f"param.{i}" for i, p in enumerate(parameters)}
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
     named = list(named_parameters)
     names = [name for name, _ in named]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -323,7 +340,7 @@ def _parameter_names(param_groups, named_parameters):
         raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters "
                          f"(positions {missing[:10]} in its param_groups); pass model.named_parameters() "
                          "for the model the optimizer was built on")
-    return {p: f"grad.{by_parameter[p]}" for p in parameters}
+    return {p: by_parameter[p] for p in parameters}
 
 
 class _SparseAllreduce:

@@ -29,6 +29,11 @@ class Message(typing.NamedTuple):
     compression: str = "none"
     device: str = "cpu"  # where the arrays live: "cpu" (numpy) or "cuda" (CuPy)
     problem: tuple | None = None  # (exception class name, message) when the arguments were invalid
+    site: str = ""  # file:line of the call in the user's code (never compared across ranks)
+
+    def described(self, where=""):
+        """"allreduce 'grad' in process set 1 (train.py:12)": the call as errors name it."""
+        return f"{self.kind} {self.name!r}{where}" + (f" ({self.site})" if self.site else "")
 
     @property
     def count(self):
@@ -54,8 +59,22 @@ _OTHER_FIELDS = (
 
 
 def disagreement(messages, ranks, where=""):
-    """None when the ranks' messages for one name fit together, else the error all of them raise.
-    `ranks` are the ranks as the user knows them; `where` names a process set (" in process set 1")."""
+    """None when the ranks' messages for one name fit together, else the error all of them raise,
+    which ends with where each rank made the call. `ranks` are the ranks as the user knows them;
+    `where` names a process set (" in process set 1")."""
+    error = _disagreement(messages, ranks, where)
+    if error is not None:
+        error.args = (error.args[0] + called_at(messages, ranks),)
+    return error
+
+
+def called_at(messages, ranks):
+    """' (called at a.py:3 on rank 0 but b.py:5 on rank 1)', or '' where no call site is known."""
+    sites = [m.site or "an unknown place" for m in messages]
+    return f" (called at {_spread(sites, ranks)})" if any(m.site for m in messages) else ""
+
+
+def _disagreement(messages, ranks, where):
     problems = {}  # (type name, text) -> ranks
     for rank, message in zip(ranks, messages, strict=True):
         if message.problem:

@@ -247,7 +247,7 @@ class Negotiator:
         of them, on every rank alike, naming what each rank waits for."""
         waits = []
         for rank in range(self.size):
-            names = [f"{entry.kind} {name!r}" for name, entry in self.table.items() if rank in entry.messages]
+            names = [entry.messages[rank].described() for entry in self.table.values() if rank in entry.messages]
             waits.append(f"{self._text([rank])} waits " + (
                 "in " + ", ".join(names) if names else "in join()" if rank in joined
                 else "elsewhere (in a plain call, a collective of another process set or a recv)"))
@@ -261,7 +261,8 @@ class Negotiator:
 
     def _describe_stall(self, name, entry, now):
         missing = [r for r in range(self.size) if r not in entry.messages]
-        return (f"{entry.kind} {name!r}{self.where}: submitted by {self._text(sorted(entry.messages))} "
+        first = entry.messages[min(entry.messages)]
+        return (f"{first.described(self.where)}: submitted by {self._text(sorted(entry.messages))} "
                 f"{now - min(entry.arrival.values()):.0f} s ago, still missing from {self._text(missing)}")
 
     def _text(self, indices):

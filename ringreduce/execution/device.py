@@ -136,7 +136,7 @@ class DeviceExecutor:
 
     def _scale_result(self, reduced, output, op, postscale):
         """output = the op's result from the reduced values: for floats the cast back, the average
-        and the postscale are one kernel; integers as on the host (a floored average)."""
+        and the postscale are one kernel; integers as on the host (truncated toward zero)."""
         if output.dtype.kind == "f":
             self._cast(reduced, output, postscale / self.size if op == ReduceOp.AVERAGE else postscale)
         else:

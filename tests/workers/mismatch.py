@@ -16,6 +16,11 @@ odd = rank == 1
 def run(case):
     if case == "shape":
         rr.allreduce(np.zeros(4 if odd else 3, dtype=np.float32), name="grad")
+    elif case == "sites":  # the same name called from two places: the error says which rank called where
+        if odd:
+            rr.allreduce(np.zeros(4), name="placed")
+        else:
+            rr.allreduce(np.zeros(3), name="placed")
     elif case == "dtype":
         rr.allreduce(np.zeros(3, dtype=np.float64 if odd else np.float32))
     elif case == "op":

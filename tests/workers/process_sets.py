@@ -71,6 +71,8 @@ record_error("never-added", lambda: rr.allreduce(np.ones(3), process_set=rr.Proc
 record_error("disagree", lambda: rr.add_process_set([0] if rank == 0 else [size - 1]))
 record_error("duplicate", lambda: rr.add_process_set([1, 0]))
 record_error("outside-the-job", lambda: rr.add_process_set([0, size]))
+# Rank 0 adds while the others remove: refused on every rank before anything changes.
+record_error("changes-differ", lambda: rr.add_process_set([0]) if rank == 0 else rr.remove_process_set(evens))
 
 if tail is not None:  # A set with a request in flight on one rank cannot be removed, on any rank.
     late = (rr.allreduce_async(np.full(4, rank, np.float64), op=rr.Sum, name="late", process_set=tail)

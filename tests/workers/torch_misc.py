@@ -95,11 +95,13 @@ def broadcast():
     net(torch.randn(5, 4) * (rank + 1)).sum().backward()
     for _ in range(rank + 1):  # different moments and step counts
         adam.step()
-    fresh = torch.optim.Adam(net.parameters(), lr=0.5 + rank)
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    fresh = torch.optim.Adam(list(net.parameters()) + [frozen], lr=0.5 + rank)
     rr.broadcast_optimizer_state(fresh, root_rank=0)  # before its first step
     rr.broadcast_parameters(net.state_dict(), root_rank=0)
     rr.broadcast_optimizer_state(adam, root_rank=0)
-    save({"model": net.state_dict(), "adam": adam.state_dict(), "fresh": fresh.state_dict()})
+    save({"model": net.state_dict(), "adam": adam.state_dict(), "fresh": fresh.state_dict(),
+          "frozen_grad": frozen.grad, "zero_grads": [p.grad for p in net.parameters()]})
 
 
 def unused():
