@@ -73,8 +73,10 @@ class State:
             self._load(pickle.loads(self._saved))
 
     def sync(self):
-        """Make every rank's state rank 0's (where no commit exists yet)."""
+        """Make every rank's state rank 0's (where no commit exists yet), and save it: restore()
+        goes back to it, as Horovod's."""
         self._load(broadcast_object(self._state(), root_rank=0, name="elastic.sync"))
+        self.save()
 
     def commit(self):
         """Save the state, keep it on every host, and then check for host updates: raises

@@ -14,7 +14,7 @@ from ringreduce.powersgd import PowerSGD  # noqa: F401
 from ringreduce.tensorflow.compression import Compression  # noqa: F401
 from ringreduce.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.tensorflow.point_to_point import irecv, isend, recv, send  # noqa: F401
-from ringreduce.tensorflow.tape import DistributedGradientTape  # noqa: F401
+from ringreduce.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
 from ringreduce.tensorflow.tensors import (  # noqa: F401
     allgather,
     allreduce,
@@ -33,3 +33,10 @@ from ringreduce.tensorflow.tensors import (  # noqa: F401
 from ringreduce.tensorflow.variables import broadcast_global_variables, broadcast_variables  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
+
+
+def _executing_eagerly() -> bool:
+    """Horovod's helper (horovod.tensorflow._executing_eagerly), which scripts written for it call."""
+    import tensorflow as tf
+
+    return tf.executing_eagerly()

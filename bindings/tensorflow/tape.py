@@ -48,6 +48,14 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
     return result
 
 
+def divided(gradient, size):
+    """A local source's gradient scaled by 1 / size (Horovod's scale_local_gradients), dense or
+    tf.IndexedSlices."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / size, gradient.indices, gradient.dense_shape)
+    return gradient / size
+
+
 def powersgd_average(powersgd, gradients, labels, process_set=global_process_set):
     """Gradients averaged by PowerSGD (ringreduce.powersgd) over the ranks of `process_set`, eagerly or
     as one graph node. It works on float32 or float64 copies of their values (others are cast) and
@@ -160,10 +168,35 @@ class DistributedGradientTape:
             reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
                                           self.compression, "DistributedGradientTape", self.sparse_as_dense,
                                           self.gradient_predivide_factor, self.process_set)
-        result = [g / self.process_set.size() if g is not None and self.scale_local_gradients else g for g in flat]
+        result = [divided(g, self.process_set.size()) if g is not None and self.scale_local_gradients else g
+                  for g in flat]
         for index, value in zip(shared, reduced, strict=True):
             result[index] = value
         return tf.nest.pack_sequence_as(gradients, result)
 
     def __getattr__(self, attribute):  # watch(), stop_recording(), reset(), ...
         return getattr(self._tape, attribute)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose `local_layers` (a Keras layer or several) keep their
+    gradients to each rank, as Horovod's."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for variable in local_layer_weights(local_layers):
+        tape.register_local_source(variable)
+    return tape
+
+
+def local_layer_weights(local_layers):
+    """The trainable weights of `local_layers`: None, a Keras layer or several."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers must be Keras layers")
+    return [v for layer in local_layers for v in layer.trainable_weights]

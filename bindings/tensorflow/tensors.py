@@ -228,9 +228,10 @@ def _gathered_slices(slices, op, prescale_factor, postscale_factor, name, proces
     """tf.IndexedSlices combined over ranks as Horovod does: every rank's values and indices
     gathered (the same index may then appear several times; applying them adds them up)."""
     if op not in (core.Sum, core.Average):
-        raise ValueError("only Sum and Average combine tf.IndexedSlices")
+        raise NotImplementedError(f"{ops.ReduceOp(op).name.capitalize()} does not combine tf.IndexedSlices: only Sum "
+                                  "and Average do (as in Horovod)")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise ValueError("prescale_factor and postscale_factor do not apply to tf.IndexedSlices")
+        raise NotImplementedError("prescale_factor and postscale_factor do not apply to tf.IndexedSlices")
     gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices],
                                  name=None if name is None else f"{name}.slices", process_set=process_set)
     values, indices = gathered[:len(slices)], gathered[len(slices):]
@@ -279,8 +280,11 @@ def run_on_values(kind, name, values, collective, shapes, dtypes=None):
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        results = tf.numpy_function(lambda *arrays: [np.asarray(r) for r in collective(list(arrays), name)],
-                                    values, dtypes or [v.dtype for v in values], stateful=True)
+        def run(*arrays):
+            with raised_as_tensorflow_errors(in_graph=True):
+                return [np.asarray(r) for r in collective(list(arrays), name)]
+
+        results = tf.numpy_function(run, values, dtypes or [v.dtype for v in values], stateful=True)
     results = results if isinstance(results, list) else [results]
     _last_collective[graph] = results[0].op
     for result, shape in zip(results, shapes, strict=True):
@@ -308,15 +312,23 @@ _ERROR_CLASSES = {}
 
 
 @contextlib.contextmanager
-def raised_as_tensorflow_errors():
-    """A ringreduce error raised as a class that is both its own and TensorFlow's op error
-    (tf.errors.InvalidArgumentError for bad arguments, tf.errors.UnknownError otherwise), so
-    that `except tf.errors.OpError` catches it, as it catches Horovod's, and so does `except
-    rr.MismatchError`."""
+def raised_as_tensorflow_errors(in_graph=False):
+    """A ringreduce error raised as a class that is both its own and the TensorFlow op error
+    Horovod's ops raise (tf.errors.FailedPreconditionError when the ranks' calls do not match,
+    tf.errors.InvalidArgumentError for bad arguments, tf.errors.UnknownError otherwise), so that
+    `except tf.errors.FailedPreconditionError` catches it, as it catches Horovod's, and so does
+    `except rr.MismatchError`. Inside a graph node (`in_graph`) it is TensorFlow's class alone:
+    TensorFlow would take a ValueError for an InvalidArgumentError there, whatever else it is."""
     try:
         yield
     except (core.RingReduceError, ValueError, TypeError) as error:
-        base = tf.errors.InvalidArgumentError if isinstance(error, (ValueError, TypeError)) else tf.errors.UnknownError
+        if isinstance(error, tf.errors.OpError):
+            raise
+        base = (tf.errors.FailedPreconditionError if isinstance(error, core.MismatchError)
+                else tf.errors.InvalidArgumentError if isinstance(error, (ValueError, TypeError))
+                else tf.errors.UnknownError)
+        if in_graph:
+            raise base(None, None, str(error)) from error
         kind = _ERROR_CLASSES.get(type(error))
         if kind is None:
             kind = _ERROR_CLASSES[type(error)] = type(type(error).__name__, (type(error), base),

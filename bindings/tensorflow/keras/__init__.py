@@ -18,5 +18,5 @@ from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     LocalSGDCallback,
     MetricAverageCallback,
 )
-from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer  # noqa: F401
+from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: F401
 from ringreduce.tensorflow.keras.values import allgather, allreduce, broadcast, reducescatter  # noqa: F401

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import ringreduce as core
 from ringreduce import local_sgd
@@ -13,12 +14,20 @@ from ringreduce.tensorflow.tensors import broadcast_
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every rank the root rank's model weights and optimizer
     state, so that ranks initialised differently train the same model. A model that is not built
-    yet at that point is broadcast after its first batch instead."""
+    yet at that point is broadcast after its first batch instead. `local_variables` (a variable
+    or several) keep each rank's own values, as Horovod's."""
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.done = False
+        if local_variables is None:
+            local_variables = []
+        elif isinstance(local_variables, (tf.Variable, keras.Variable)):
+            local_variables = [local_variables]
+        if not all(isinstance(v, (tf.Variable, keras.Variable)) for v in local_variables):
+            raise ValueError("local_variables must be variables (tf.Variable or keras.Variable)")
+        self._local = {id(v) for v in local_variables}
 
     def on_train_begin(self, logs=None):
         if self.model.built:
@@ -32,7 +41,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        broadcast_(self.model.variables, self.root_rank, name="keras.model")
+        broadcast_([v for v in self.model.variables if id(v) not in self._local], self.root_rank, name="keras.model")
         if optimizer is not None:
             broadcast_(optimizer.variables, self.root_rank, name="keras.optimizer")
         self.done = True

@@ -7,14 +7,21 @@ import tensorflow as tf
 from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
-from ringreduce.tensorflow.tape import StaleAverages, allreduce_gradients, check_groups, powersgd_average
+from ringreduce.tensorflow.tape import (
+    StaleAverages,
+    allreduce_gradients,
+    check_groups,
+    divided,
+    local_layer_weights,
+    powersgd_average,
+)
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True, staleness=0,
-                         weight_prediction=True, load_balancer=None):
+                         weight_prediction=True, load_balancer=None, local_layers=None):
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -36,6 +43,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     `load_balancer` (ringreduce's: a `LoadBalancer`, whose `BalancedDataset` gives the batches)
     weights each rank's gradients by its share of the step's batch, so that the average is the
     batch's mean however it was split, and tells it how long this rank computed.
+
+    Variables registered with `register_local_var(variable)` (or the weights of `local_layers`)
+    keep their own rank's gradient, divided by the size with `scale_local_gradients`, as
+    Horovod's. `_compute_gradients(loss, var_list, tape=None)` gives Horovod's (gradient, variable)
+    pairs, already averaged: `apply_gradients` does not average them again.
     """
     powersgd = compression if isinstance(compression, PowerSGD) else None
     if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
@@ -59,6 +71,47 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     summed = backward_passes_per_step if backward_passes_per_step > 1 and not average_aggregated_gradients else 1
     label = name or f"DistributedOptimizer.{base.__name__}"
 
+    def register_local_var(self, variable):
+        """Keep `variable`'s gradient to this rank (scaled by 1 / size with scale_local_gradients)."""
+        self._local_variables.add(id(variable))  # Keras 3's variables have no ref(); the model keeps them
+
+    def combined(self, grads, variables):
+        """The gradients combined over ranks, those of local variables kept to this rank."""
+        labels = [getattr(v, "path", None) or v.name for v in variables]
+        shared = [i for i, v in enumerate(variables) if id(v) not in self._local_variables]
+        result = list(grads)
+        if stale is not None:
+            return stale(result)
+        if powersgd is not None:
+            return powersgd_average(powersgd, result, labels, process_set)
+        reduced = allreduce_gradients([grads[i] for i in shared], [labels[i] for i in shared], op, compression, label,
+                                      sparse_as_dense, gradient_predivide_factor, process_set)
+        for index, value in zip(shared, reduced, strict=True):
+            result[index] = value
+        for index in set(range(len(variables))) - set(shared):
+            if result[index] is not None and scale_local_gradients:
+                result[index] = divided(result[index], process_set.size())
+        return result
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's: the (gradient, variable) pairs of `loss` (a tensor recorded on `tape`, or a
+        callable), combined over ranks."""
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                tape.watch(var_list)
+                loss = loss()
+        grads = tape.gradient(loss, var_list, grad_loss)
+        self._combined_already = True
+        return list(zip(self.combined(list(grads), list(var_list)), var_list, strict=True))
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        return self._compute_gradients(loss, var_list, tape=tape)
+
+    def apply_gradients(self, grads_and_vars, *args, experimental_aggregate_gradients=True, **kwargs):
+        """Keras's, accepting Horovod's (Keras 2's) `experimental_aggregate_gradients`."""
+        return super(distributed, self).apply_gradients(grads_and_vars, *args, **kwargs)
+
     def build(self, variables):
         super(distributed, self).build(variables)
         if predicts:  # per variable: the last update, which the weights are moved on by once more
@@ -67,27 +120,53 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     def _backend_apply_gradients(self, grads, trainable_variables):
         """Keras calls this with each batch's gradients before it accumulates or applies them:
         average them over ranks first."""
-        labels = [getattr(v, "path", None) or v.name for v in trainable_variables]
         apply = super(distributed, self)._backend_apply_gradients
         if load_balancer is not None:
             grads = _weighted(load_balancer, grads)
         if predicts:
             _apply_predicting(self, apply, stale(list(grads)), trainable_variables)
         else:
-            if stale is not None:
-                grads = stale(list(grads))
-            elif powersgd is not None:
-                grads = powersgd_average(powersgd, list(grads), labels, process_set)
-            else:
-                grads = allreduce_gradients(list(grads), labels, op, compression, label, sparse_as_dense,
-                                            gradient_predivide_factor, process_set)
+            if not self._combined_already:
+                grads = self.combined(list(grads), list(trainable_variables))
+            self._combined_already = False
             apply([g * summed if g is not None and summed != 1 else g for g in grads], trainable_variables)
         if load_balancer is not None:  # after the update (TensorFlow runs stateful calls in program order)
             tf.numpy_function(lambda: load_balancer.step_done() or np.int8(0), [], tf.int8, stateful=True)
 
-    distributed = type(base.__name__, (base,), {"build": build, "_backend_apply_gradients": _backend_apply_gradients,
-                                                 "__module__": base.__module__})
-    return distributed.from_config(config)
+    methods = dict(register_local_var=register_local_var, combined=combined, _compute_gradients=_compute_gradients,
+                   compute_gradients=compute_gradients, apply_gradients=apply_gradients, build=build,
+                   _backend_apply_gradients=_backend_apply_gradients, __module__=base.__module__)
+    distributed = type(base.__name__, (base,), methods)
+    wrapped = distributed.from_config(config)
+    wrapped._local_variables = {id(v) for v in local_layer_weights(local_layers)}
+    wrapped._combined_already = False  # set by _compute_gradients for the apply_gradients after it
+    wrapped._agg_helper = _Aggregation(wrapped, backward_passes_per_step) if backward_passes_per_step > 1 else None
+    return wrapped
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average, groups=None,
+                                process_set=global_process_set, local_layers=None, scale_local_gradients=True):
+    """DistributedOptimizer whose `local_layers` (a Keras layer or several) keep their gradients
+    to each rank, as Horovod's."""
+    if op not in (core.Average, core.Sum):
+        raise ValueError("PartialDistributedOptimizer takes op=Average or op=Sum")
+    return DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                gradient_predivide_factor, op, groups=groups, process_set=process_set,
+                                scale_local_gradients=scale_local_gradients, local_layers=local_layers)
+
+
+class _Aggregation:
+    """Horovod's `_agg_helper` of an optimizer that aggregates k backward passes: `counter` is the
+    passes aggregated since the last update."""
+
+    def __init__(self, optimizer, passes):
+        self._optimizer, self._passes = optimizer, passes
+
+    @property
+    def counter(self):
+        return self._optimizer.iterations % self._passes
+
 
 
 def _apply_predicting(optimizer, apply, grads, variables):

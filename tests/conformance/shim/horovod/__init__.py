@@ -39,9 +39,9 @@ def _in_thread(target, args=(), name=None, daemon=True, silent=False):
 
 
 def _executing_eagerly() -> bool:
-    import tensorflow as tf
+    import ringreduce.tensorflow
 
-    return tf.executing_eagerly()
+    return ringreduce.tensorflow._executing_eagerly()
 
 
 HELPERS = {
