@@ -3,7 +3,8 @@ ringreduce.tensorflow both follow these rules, so a model trains as it does unde
 
 - allreduce: the gradient allreduced with the same op and scale factors.
 - allgather: the gradient averaged over the ranks; each rank keeps its own rows.
-- broadcast: the gradient averaged over the ranks on the root, zero on the others.
+- broadcast: the gradient averaged over the ranks on the root, times zero on the others (a
+  value computed from it: in a graph the allreduce must run on every rank).
 - reducescatter: the gradient allgathered, times reducescatter_scale(...).
 - alltoall: the gradient sent back by the rows each rank received (its splits, even where the
   forward call split equally: alltoall(..., return_splits=True) reports them).

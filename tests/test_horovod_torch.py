@@ -64,11 +64,21 @@ def test_horovod_style_calls(job):
         assert got["fp16"].dtype == torch.float32 and got["fp16_compress"].item()
         if np > 1:
             assert "allreduce 'mismatched' does not match across ranks: shape" in got["internal_error"]
-        assert got["adasum"].endswith("Adasum is not offered by ringreduce; use Average (or Sum)"), got["adasum"]
+        assert "Adasum is not offered by ringreduce; use Average (or Sum) (called at horovod_torch.py:" in got["adasum"]
         for kind in ("allreduce", "allgather", "broadcast", "reducescatter"):
             assert f"{kind} 'twice.{kind}' was submitted on rank {rank} while a request of that name is still " \
                    "in flight" in got[f"twice-{kind}"]
         assert 0 <= got["joined"].item() < np
+        assert got["joined_last"].item() == saved(out, "calls", np)[0]["joined_last"].item()  # the same everywhere
+        assert np == 1 or got["joined_last"].item() != 0  # rank 0 joined first: another joined last
+        if rank > 0:
+            exact = sum(-(2 * r + 1) for r in range(1, np)) / np
+            assert got["int_average"].tolist() == [int(exact)]  # toward zero: -1 for -1.5 at 2 ranks
+        assert got["parameter_names"] == ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0",
+                                          "allreduce.noname.1.1"]
+        assert len(got["step_warning"]) == 1
+        assert got["step_warning"][0].startswith("optimizer.step() called without optimizer.skip_synchronize()")
+        torch.testing.assert_close(got["outside_weight"], torch.full((1, 2), -float(rank)))
         assert got["built"].tolist() == [True, True, False, False, False, True, True]
     events = [json.loads(line.rstrip(",")) for line in (out / "timeline.json").read_text().splitlines()[1:]
               if line.startswith("{")]

@@ -34,6 +34,8 @@ from ringreduce.tensorflow.variables import broadcast_global_variables, broadcas
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
 
+from ringreduce.tensorflow import elastic  # noqa: E402, F401 - last: its KerasState's module imports this one whole
+
 
 def _executing_eagerly() -> bool:
     """Horovod's helper (horovod.tensorflow._executing_eagerly), which scripts written for it call."""

@@ -131,7 +131,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     """The root rank's tensor (root_rank is a global rank), on every rank of `process_set`."""
     def backward(upstream):
         averaged = allreduce(upstream[0], op=gradients.GATHERED_GRADIENT_OP, process_set=process_set)
-        return [averaged if core.rank() == root_rank else tf.zeros_like(averaged)]
+        return [averaged if core.rank() == root_rank else averaged * 0]  # a value of it: the allreduce runs
 
     return _differentiable(lambda ts: run_on_values(
         "broadcast", name, ts, lambda arrays, base: [core.broadcast(tensor=arrays[0], root_rank=root_rank, name=base,
@@ -140,12 +140,11 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Assign the root rank's values to every rank's variables; returns the variables."""
-    variables = list(variables)
-    for index, variable in enumerate(variables):
-        variable.assign(broadcast(variable, root_rank, None if name is None else f"{name}.{index}",
-                                  process_set=process_set))
-    return variables
+    """Assign the root rank's values to every rank's variables; returns the updated variables
+    (in a graph, their values after the assignment, which running them makes)."""
+    return [variable.assign(broadcast(variable, root_rank, None if name is None else f"{name}.{index}",
+                                      process_set=process_set))
+            for index, variable in enumerate(list(variables))]
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -281,7 +280,7 @@ def run_on_values(kind, name, values, collective, shapes, dtypes=None):
     previous = _last_collective.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
         def run(*arrays):
-            with raised_as_tensorflow_errors(in_graph=True):
+            with raised_as_tensorflow_errors():  # a ValueError becomes the node's InvalidArgumentError
                 return [np.asarray(r) for r in collective(list(arrays), name)]
 
         results = tf.numpy_function(run, values, dtypes or [v.dtype for v in values], stateful=True)
@@ -312,13 +311,15 @@ _ERROR_CLASSES = {}
 
 
 @contextlib.contextmanager
-def raised_as_tensorflow_errors(in_graph=False):
+def raised_as_tensorflow_errors():
     """A ringreduce error raised as a class that is both its own and the TensorFlow op error
     Horovod's ops raise (tf.errors.FailedPreconditionError when the ranks' calls do not match,
     tf.errors.InvalidArgumentError for bad arguments, tf.errors.UnknownError otherwise), so that
     `except tf.errors.FailedPreconditionError` catches it, as it catches Horovod's, and so does
-    `except rr.MismatchError`. Inside a graph node (`in_graph`) it is TensorFlow's class alone:
-    TensorFlow would take a ValueError for an InvalidArgumentError there, whatever else it is."""
+    `except rr.MismatchError`. Inside a graph (tf.function, tf.compat.v1) TensorFlow's kernel for
+    Python ops makes every ValueError an InvalidArgumentError and anything else an UnknownError,
+    whatever its class: there a mismatch is an InvalidArgumentError (Horovod's compiled op gives
+    FailedPreconditionError)."""
     try:
         yield
     except (core.RingReduceError, ValueError, TypeError) as error:
@@ -327,8 +328,6 @@ def raised_as_tensorflow_errors(in_graph=False):
         base = (tf.errors.FailedPreconditionError if isinstance(error, core.MismatchError)
                 else tf.errors.InvalidArgumentError if isinstance(error, (ValueError, TypeError))
                 else tf.errors.UnknownError)
-        if in_graph:
-            raise base(None, None, str(error)) from error
         kind = _ERROR_CLASSES.get(type(error))
         if kind is None:
             kind = _ERROR_CLASSES[type(error)] = type(type(error).__name__, (type(error), base),

@@ -129,7 +129,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         averaged = allreduce(grad, op=gradients.GATHERED_GRADIENT_OP, process_set=ctx.process_set)
-        return (averaged if core.rank() == ctx.root_rank else torch.zeros_like(averaged)), None, None, None
+        return (averaged if core.rank() == ctx.root_rank else averaged * 0), None, None, None
 
 
 class _Alltoall(torch.autograd.Function):

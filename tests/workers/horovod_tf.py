@@ -73,6 +73,60 @@ except RuntimeError as error:
     out["eager_global_variables"] = str(error)
 
 
+@tf.function
+def mismatched_in_function():
+    return hvd.allreduce(tf.ones([rank + 2]), name="mismatched.function")
+
+
+# Horovod's op errors: eagerly a mismatch is tf.errors.FailedPreconditionError (and ringreduce's
+# MismatchError); in tf.function TensorFlow makes it an InvalidArgumentError.
+errors = {}
+for label, call in (("eager", lambda: hvd.allreduce(tf.ones([rank + 2]), name="mismatched.eager")),
+                    ("function", mismatched_in_function),
+                    ("slices-min", lambda: hvd.allreduce(slices, op=hvd.Min)),
+                    ("slices-scaled", lambda: hvd.allreduce(slices, op=hvd.Sum, prescale_factor=2.0))):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the test checks the classes
+        errors[label] = [cls.__name__ for cls in (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError,
+                                                  NotImplementedError, hvd.MismatchError) if isinstance(error, cls)]
+out["errors"] = errors
+out["executing_eagerly"] = hvd._executing_eagerly()
+
+# Local sources keep their own gradient, divided by the size; an embedding's is tf.IndexedSlices.
+embedding = tf.keras.layers.Embedding(4, 2, embeddings_initializer="ones")
+dense = tf.keras.layers.Dense(1, kernel_initializer="ones")
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(dense(embedding(tf.constant([[rank % 4]])))) * (rank + 1)
+tape = hvd.PartialDistributedGradientTape(tape, local_layers=[embedding])
+local, shared, _ = tape.gradient(loss, embedding.trainable_weights + dense.trainable_weights)
+out["partial_tape"] = {"local": listed(tf.convert_to_tensor(local)), "shared": listed(shared)}
+
+# Keras: _compute_gradients averages once (apply_gradients takes them as they are), local
+# variables keep theirs (divided by the size); the callback leaves local variables alone.
+w_shared, w_local = tf.Variable([0.0]), tf.Variable([0.0])
+keras_opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(1.0))
+keras_opt.register_local_var(w_local)
+pairs = keras_opt._compute_gradients(lambda: (w_shared + w_local) * (rank + 1.0), [w_shared, w_local])
+keras_opt.apply_gradients(pairs, experimental_aggregate_gradients=False)
+out["keras_local"] = [listed(w_shared), listed(w_local)]
+model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(rank))])
+model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.0)), loss="mse")
+kept = model.layers[0].bias
+kept.assign([float(rank)])
+model.fit(np.ones((2, 2)), np.ones((2, 1)), verbose=0,
+          callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(size - 1, local_variables=[kept])])
+out["callback_local"] = [listed(model.layers[0].kernel), listed(kept)]
+
+# An elastic state goes back to what sync() gave.
+state = hvd_keras.elastic.KerasState(model, batch=rank)
+state.sync()
+model.layers[0].kernel.assign(tf.fill([2, 1], 42.0))
+state.batch = 99
+state.restore()
+out["elastic_restore"] = [listed(model.layers[0].kernel), state.batch]
+
+
 
 def gradient(collective, values, weights):
     """d/d values of sum(weights * collective(values)), through the collective."""
@@ -121,6 +175,16 @@ with tf.Graph().as_default():
         out["graph_broadcast"] = listed(session.run(weights))
         session.run(step)
         out["graph_step"] = listed(session.run(weights))
+
+# Broadcast gradients in a graph, root after root in one session: off the root the gradient is
+# computed from the allreduce's value, so every rank runs it (zeros of its shape alone would not).
+with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    broadcast_grads = []
+    for root in range(size):
+        source = tf.ones([3]) * rank
+        broadcast_grads.append(listed(session.run(tf.gradients(hvd.broadcast(source, root), source,
+                                                               tf.ones([3]))[0])))
+    out["graph_broadcast_grads"] = broadcast_grads
 
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(out, f)

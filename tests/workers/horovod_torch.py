@@ -92,6 +92,34 @@ def calls(results):
     except ValueError as error:
         results["adasum"] = str(error)
     results["joined"] = torch.tensor(hvd.join(device=-1))
+    # While rank 0 has joined, an integer Average truncates toward zero, as Horovod's: -(2r + 1) from
+    # each other rank, divided by the size.
+    if rank == 0:
+        results["joined_last"] = torch.tensor(hvd.join())
+    else:
+        results["int_average"] = hvd.allreduce(torch.tensor([-(2 * rank + 1)], dtype=torch.int32), name="int.join")
+        results["joined_last"] = torch.tensor(hvd.join())
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    unnamed = hvd.DistributedOptimizer(torch.optim.SGD([{"params": net[0].parameters()},
+                                                        {"params": net[1].parameters()}], lr=0.1))
+    results["parameter_names"] = sorted(unnamed._parameter_names.values())
+    net(torch.ones(1, 2)).sum().backward()
+    unnamed.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unnamed.step()
+    results["step_warning"] = [str(w.message) for w in caught]
+    # An optimizer on a set without this rank trains alone: its step is the plain SGD step.
+    first = hvd.add_process_set([0]) if size > 1 else hvd.global_process_set
+    alone = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        alone.weight.fill_(1.0)
+    outside = hvd.DistributedOptimizer(torch.optim.SGD(alone.parameters(), lr=1.0),
+                                       named_parameters=alone.named_parameters(), process_set=first)
+    alone(torch.full((1, 2), rank + 1.0)).sum().backward()
+    outside.step()
+    results["outside_weight"] = alone.weight.detach().clone()
+    hvd.remove_process_set(first)
     results["built"] = torch.tensor([hvd.mpi_built(), hvd.mpi_enabled(), hvd.gloo_built(), hvd.nccl_built() != 0,
                                      hvd.cuda_built(), hvd.is_homogeneous(), hvd.mpi_threads_supported()])
     hvd.start_timeline(os.path.join(out, "timeline.json"))
