@@ -13,8 +13,8 @@ import typing
 import numpy as np
 
 from ringreduce import arrays, ops, preemption, reduction, runtime
-from ringreduce.call_sites import user_call_site
 from ringreduce import compression as compressions
+from ringreduce.call_sites import user_call_site
 from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.requests import Handle, Request

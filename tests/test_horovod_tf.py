@@ -39,7 +39,8 @@ def test_horovod_style_tensorflow(np_, tmp_path):
         assert got["ops"] == [np_, rank, np_, rank]
         expected_errors = {"slices-min": ["NotImplementedError"], "slices-scaled": ["NotImplementedError"]}
         if np_ > 1:
-            expected_errors.update(eager=["FailedPreconditionError", "MismatchError"], function=["InvalidArgumentError"])
+            expected_errors.update(eager=["FailedPreconditionError", "MismatchError"],
+                                   function=["InvalidArgumentError"])
         assert got["errors"] == expected_errors
         assert got["executing_eagerly"] is True
         # d loss / d output = rank + 1 on every rank: the shared kernel gets the average over ranks

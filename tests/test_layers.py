@@ -30,14 +30,14 @@ LAYERS = (
     ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
                     "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
                     "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
-                    "ringreduce.powersgd", "ringreduce.load_balancing", "ringreduce.local_sgd",
+                    "ringreduce.powersgd", "ringreduce.gradients", "ringreduce.load_balancing", "ringreduce.local_sgd",
                     "ringreduce.elastic", "ringreduce.commits", "ringreduce.rrun_link", "ringreduce.simulator")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
     ("machine", ("ringreduce.machine",)),
     ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.reduction",
-                     "ringreduce.kernels", "ringreduce.errors")),
+                     "ringreduce.kernels", "ringreduce.errors", "ringreduce.call_sites")),
 )
 # Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the
 # algorithms and what talks to the machine own MPI objects; the engine loop, the negotiation, fusion,

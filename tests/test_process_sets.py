@@ -137,9 +137,10 @@ def test_misuse_is_a_clear_error_on_the_ranks_involved(job):
         kind, text = errors["outside-the-job"]
         assert kind == "ValueError" and f"0 to {size - 1}" in text
         kind, text = errors["changes-differ"]
+        others = "rank 1" if size == 2 else "ranks " + ", ".join(map(str, range(1, size)))
         assert kind == "ValueError" and text == (
             "the ranks are not making the same process set change: add_process_set (at process_sets.py:75) on "
-            f"rank 0 but remove_process_set (at process_sets.py:75) on {'rank 1' if size == 2 else 'ranks ' + ', '.join(map(str, range(1, size)))}")
+            f"rank 0 but remove_process_set (at process_sets.py:75) on {others}")
     assert any("not-a-member" in report["errors"] for report in reports)
 
 
@@ -171,8 +172,8 @@ def test_torch_groups_train_apart_and_a_row_parallel_product_sums_within_its_set
     for rank in range(4):
         group, member = rank // 2, rank % 2
         net = torch_cases.model()
-        reference = torch_cases.train(net, torch_cases.as_after_broadcast(torch_cases.optimizer("adam", net.parameters())),
-                                      [(half * group, half * (group + 1))])
+        fresh = torch_cases.as_after_broadcast(torch_cases.optimizer("adam", net.parameters()))
+        reference = torch_cases.train(net, fresh, [(half * group, half * (group + 1))])
         for name, value in reference.items():
             torch.testing.assert_close(got[rank][name], value, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[rank]["y"], y, rtol=1e-5, atol=1e-5)

@@ -84,8 +84,8 @@ def test_a_rank_waiting_in_a_plain_call_is_judged_by_what_it_waits_for(tmp_path)
     rank 0's plain call is no deadlock, it waits for rank 1's plain call, which then comes."""
     _, reports, _ = run(2, "elsewhere", tmp_path, env={"RINGREDUCE_DEADLOCK_TIME": "1"}, arrays=False)
     assert reports[1]["error"].startswith("DeadlockError: deadlock: every rank has been blocked for 1 s")
-    assert "rank 0 waits elsewhere" in reports[1]["error"] and "rank 1 waits in allgather 'only-on-1' (program_order.py:98)" in \
-        reports[1]["error"]
+    assert "rank 0 waits elsewhere" in reports[1]["error"]
+    assert "rank 1 waits in allgather 'only-on-1' (program_order.py:98)" in reports[1]["error"]
     assert reports[0] == {"plain": [3.0, 3.0]}
     assert reports[1]["plain"] == [3.0, 3.0]
 

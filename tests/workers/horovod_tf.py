@@ -110,7 +110,8 @@ keras_opt.register_local_var(w_local)
 pairs = keras_opt._compute_gradients(lambda: (w_shared + w_local) * (rank + 1.0), [w_shared, w_local])
 keras_opt.apply_gradients(pairs, experimental_aggregate_gradients=False)
 out["keras_local"] = [listed(w_shared), listed(w_local)]
-model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(rank))])
+model = tf.keras.Sequential([tf.keras.Input((2,)),
+                             tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(rank))])
 model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.0)), loss="mse")
 kept = model.layers[0].bias
 kept.assign([float(rank)])

@@ -2,9 +2,9 @@
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import ringreduce as core
+import tensorflow as tf
 from ringreduce import local_sgd
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine

@@ -81,7 +81,8 @@ def score(results: str, suite: str, ranks: int) -> int:
     for name in names:
         seen = [outcomes.get(name, "failed") for outcomes in per_rank]
         combined[name] = "failed" if "failed" in seen else "skipped" if set(seen) == {"skipped"} else "passed"
-    counts = {kind: sum(1 for outcome in combined.values() if outcome == kind) for kind in ("passed", "failed", "skipped")}
+    counts = {kind: sum(1 for outcome in combined.values() if outcome == kind)
+              for kind in ("passed", "failed", "skipped")}
     for name, outcome in combined.items():
         if outcome != "passed":
             print(f"  {outcome:7s} {name.split('::')[-1]}")
