@@ -15,6 +15,7 @@ from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
+from torch.amp.grad_scaler import OptState
 
 _MASK_NAME = "ringreduce.torch.gradients_present"
 
@@ -245,7 +246,12 @@ class _DistributedOptimizer:
         finally:
             self._skip_synchronize = False
 
-    def step(self, closure=None):
+    # GradScaler.step(optimizer) then calls step(grad_scaler=scaler) instead of unscaling first.
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):
+        if grad_scaler is not None:
+            return self._step_scaled(closure, grad_scaler)
         if not self._skip_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
@@ -267,6 +273,24 @@ class _DistributedOptimizer:
         if self._balancer is not None:
             self._balancer.step_done()
         return result
+
+    def _step_scaled(self, closure, scaler):
+        """scaler.step(optimizer): the scaled gradients are averaged first (unless the program did,
+        in Horovod's pattern: synchronize(), unscale_, clip, skip_synchronize()), then unscaled,
+        so that every rank finds them finite or not alike and steps or skips alike (each rank's
+        own check, on its own gradients in flight, would train the replicas apart)."""
+        if not self._skip_synchronize:
+            self.synchronize()
+        elif not self._synchronized:
+            raise RuntimeError("scaler.step() inside skip_synchronize() needs a synchronize() call before it")
+        state = scaler._per_optimizer_states[id(self)]
+        if state["stage"] is OptState.READY:
+            scaler.unscale_(self)
+        if any(found.item() for found in state["found_inf_per_device"].values()):
+            self._synchronized = False
+            return None  # on every rank: the average is not finite anywhere
+        with self.skip_synchronize():
+            return self.step(closure)
 
     def load_state_dict(self, state_dict):
         """The wrapped optimizer's state_dict; averages still in flight (a step cut short, as when a
