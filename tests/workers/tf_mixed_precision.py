@@ -46,6 +46,15 @@ for policy in ("float32", "mixed_float16", "mixed_bfloat16"):
     model.compile(optimizer=rr.DistributedOptimizer(optimizer), loss="mse")
     model.fit(x, y, epochs=3, batch_size=batch_size, shuffle=False, verbose=0)
     report[policy] = [v.numpy().astype("float64").ravel().tolist() for v in model.weights]
+# The other order of wrapping is refused with a message that says how to wrap instead.
+keras.mixed_precision.set_global_policy("mixed_float16")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, dtype="float32")])
+model.compile(optimizer=keras.optimizers.LossScaleOptimizer(rr.DistributedOptimizer(keras.optimizers.SGD(0.05))),
+              loss="mse")
+try:
+    model.fit(x, y, batch_size=batch_size, verbose=0)
+except ValueError as error:
+    report["reversed"] = str(error)
 keras.mixed_precision.set_global_policy("float32")
 with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
     json.dump(report, f)

@@ -1,5 +1,7 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
+import sys
+
 import keras
 import numpy as np
 
@@ -124,6 +126,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         return super(distributed, self).apply(self.combined(list(grads), variables), trainable_variables)
 
     def build(self, variables):
+        caller = sys._getframe(1).f_locals.get("self")  # a LossScaleOptimizer that builds this, its inner one
+        if caller is not self and isinstance(caller, keras.optimizers.LossScaleOptimizer):
+            raise ValueError("LossScaleOptimizer(DistributedOptimizer(...)) checks each rank's own gradients, so the "
+                             "ranks would skip different steps: wrap the other way round, "
+                             "DistributedOptimizer(LossScaleOptimizer(optimizer))")
         super(distributed, self).build(variables)
         if predicts:  # per variable: the last update, which the weights are moved on by once more
             self._last_updates = [self.add_variable_from_reference(v, name="last_update") for v in variables]
