@@ -107,6 +107,10 @@ HOROVOD_TENSORFLOW = {
     "DistributedGradientTape": "gradtape, device_dense='', device_sparse='', compression=Compression.none, "
                                "sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0, "
                                f"groups=None, {SET}, scale_local_gradients=True",
+    "PartialDistributedGradientTape": "gradtape, device_dense='', device_sparse='', compression=Compression.none, "
+                                      "sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, "
+                                      f"num_groups=0, groups=None, {SET}, local_layers=None, "
+                                      "scale_local_gradients=True",
 }
 HOROVOD_KERAS = {
     **NEUTRAL,
@@ -120,7 +124,11 @@ HOROVOD_KERAS = {
                             "sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, "
                             "backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, "
                             f"groups=None, {SET}, scale_local_gradients=True",
-    "BroadcastGlobalVariablesCallback": "root_rank, device=''",
+    "PartialDistributedOptimizer": "optimizer, name=None, device_dense='', device_sparse='', "
+                                   "compression=Compression.none, sparse_as_dense=False, "
+                                   "gradient_predivide_factor=1.0, op=Average, groups=None, "
+                                   f"{SET}, local_layers=None, scale_local_gradients=True",
+    "BroadcastGlobalVariablesCallback": "root_rank, device='', local_variables=None",
     "MetricAverageCallback": "device=''",
     "LearningRateScheduleCallback": "initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True, "
                                     "momentum_correction=True, steps_per_epoch=None",

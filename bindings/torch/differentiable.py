@@ -139,7 +139,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, splits, process_set):
         ctx.process_set = process_set
-        output, received = calls.alltoall_async(tensor, splits, name, process_set, return_splits=True).wait()
+        output, received = calls.alltoall_pair_async(tensor, splits, name, process_set, pair=True).wait()
         ctx.received = received.tolist()
         if splits is None:
             return output

@@ -140,11 +140,15 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Start sending block j of the first dimension to rank j (of `process_set`). With `splits`
-    (rows per rank), or `return_splits`, the handle gives (tensor, rows received from each
-    rank), as Horovod's."""
-    pair = splits is not None if return_splits is None else return_splits
+    (rows per rank) the handle gives (tensor, rows received from each rank), as Horovod's."""
+    return alltoall_pair_async(tensor, splits, name, process_set, pair=splits is not None)
+
+
+def alltoall_pair_async(tensor, splits, name, process_set, pair):
+    """alltoall_async, whose handle gives (tensor, rows received) where `pair` (the rows an
+    alltoall's gradient sends back by)."""
     handle = core.alltoall_async(tensor=as_array(tensor), splits=None if splits is None else _ints(splits), name=name,
                                  process_set=process_set, return_splits=pair)
     if not pair:

@@ -24,7 +24,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True, staleness=0,
-                         weight_prediction=True, load_balancer=None, local_layers=None):
+                         weight_prediction=True, load_balancer=None):
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -47,10 +47,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     weights each rank's gradients by its share of the step's batch, so that the average is the
     batch's mean however it was split, and tells it how long this rank computed.
 
-    Variables registered with `register_local_var(variable)` (or the weights of `local_layers`)
-    keep their own rank's gradient, divided by the size with `scale_local_gradients`, as
-    Horovod's. `_compute_gradients(loss, var_list, tape=None)` gives Horovod's (gradient, variable)
-    pairs, already averaged: `apply_gradients` does not average them again.
+    Variables registered with `register_local_var(variable)` keep their own rank's gradient,
+    divided by the size with `scale_local_gradients`, as Horovod's. `_compute_gradients(loss,
+    var_list, tape=None)` gives Horovod's (gradient, variable) pairs, already averaged:
+    `apply_gradients` does not average them again.
     """
     powersgd = compression if isinstance(compression, PowerSGD) else None
     if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
@@ -158,7 +158,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         methods["apply"] = apply
     distributed = type(base.__name__, (base,), methods)
     wrapped = distributed.from_config(config)
-    wrapped._local_variables = {id(v) for v in local_layer_weights(local_layers)}
+    wrapped._local_variables = set()
     wrapped._combined_already = False  # set by _compute_gradients for the apply_gradients after it
     wrapped._agg_helper = _Aggregation(wrapped, backward_passes_per_step) if backward_passes_per_step > 1 else None
     return wrapped
@@ -171,9 +171,12 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     to each rank, as Horovod's."""
     if op not in (core.Average, core.Sum):
         raise ValueError("PartialDistributedOptimizer takes op=Average or op=Sum")
-    return DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-                                gradient_predivide_factor, op, groups=groups, process_set=process_set,
-                                scale_local_gradients=scale_local_gradients, local_layers=local_layers)
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                   gradient_predivide_factor, op, groups=groups, process_set=process_set,
+                                   scale_local_gradients=scale_local_gradients)
+    for variable in local_layer_weights(local_layers):
+        wrapped.register_local_var(variable)
+    return wrapped
 
 
 class _Aggregation:
