@@ -214,8 +214,15 @@ class Runtime:
         return sorted(int(r) for r in ranks_or_comm)
 
     def close(self):
-        for set_id in sorted(self.domains, reverse=True):  # the sets first, then the whole job's engine
-            _close(self.domains[set_id])
+        """Shut every domain's engine down at once, then wait for them: a rank that waits for this
+        one in any of them (a plain call of the whole job, say, while this rank's sets would wait
+        for that rank to shut them down too) hears that it is leaving."""
+        closing = [(domain, _shut_down(domain)) for _, domain in sorted(self.domains.items(), reverse=True)
+                   if domain.engine is not None]
+        for domain, handle in closing:
+            handle.wait()
+            domain.engine.stopped()
+            _free(domain)
         self.control.Free()
         if self.config.straggler_report and self.topology.rank == 0:
             stragglers = self.stragglers()
@@ -232,9 +239,19 @@ def _close(domain):
     """Stop a domain's engine and free its point-to-point communicator (where this rank is in it)."""
     if domain.engine is None:
         return
+    _shut_down(domain).wait()
+    domain.engine.stopped()
+    _free(domain)
+
+
+def _shut_down(domain):
+    """Start stopping a domain's engine; the handle is done once every rank of it has stopped."""
     handle = Handle("shutdown")
-    domain.engine.shutdown(handle)
-    handle.wait()
+    domain.engine.begin_shutdown(handle)
+    return handle
+
+
+def _free(domain):
     domain.peer_comm.Free()
     if domain.ordered is not None:
         domain.ordered.close()

@@ -234,3 +234,14 @@ def test_a_stall_within_a_set_names_the_set_and_its_global_ranks():
         lines = job.lines_of(rank, "stderr")
         assert any(expected in line and "): submitted by rank 1" in line and "still missing from rank 2" in line
                    for line in lines), lines
+
+
+def test_a_rank_that_leaves_with_sets_made_ends_the_others_plain_wait():
+    """Rank 1 ends its program while ranks 0 and 2 wait for it in a plain barrier of the whole job,
+    with a set of ranks 0 and 1 still made: its shutdown tells every domain at once, so the others
+    get PeerExitedError at once (before, rank 1 waited in that set's shutdown for rank 0, which
+    waited in the barrier for rank 1: both until the job was killed)."""
+    job = run_job(3, "set_leaving.py", timeout=60)
+    for rank in (0, 2):
+        assert (f"rank {rank} caught PeerExitedError: rank 1 shut down while rank {rank} waited in plain barrier"
+                in "\n".join(job.lines_of(rank))), job.stderr[-3000:]

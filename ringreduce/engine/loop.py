@@ -115,7 +115,16 @@ class Engine:
         self.submit((_JOIN, handle))
 
     def shutdown(self, handle):
+        self.begin_shutdown(handle)
+        self.stopped()
+
+    def begin_shutdown(self, handle):
+        """Start leaving: the other ranks hear it in the next cycle; `handle` is done once every
+        rank has shut down."""
         self.submit((_SHUTDOWN, handle))
+
+    def stopped(self):
+        """Wait for the engine thread to end (after a shutdown)."""
         self._thread.join()
 
     def wait_for(self, handle):
