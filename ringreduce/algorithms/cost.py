@@ -104,9 +104,9 @@ class Shape:
         return math.ceil(self.ranks / self.hosts)
 
 
-# Measured on the 2-core test machine (AMD EPYC, 2 MiB L2 per core, 32 MiB of L3 for the arrays, MPICH
-# 5.0.2) by `rrun -np 2 --calibrate`, the median of three runs (2026-12-02, the eighth session;
-# docs/cost_model.md): what a job uses until a profile of its own machines is saved.
+# What a job uses until a profile of its own machines is saved: the 2-core test machine (AMD EPYC,
+# 2 MiB L2 per core, 32 MiB of L3 for the arrays, MPICH 5.0.2) as `rrun -np 2 --calibrate` measures
+# it, the median of three runs (docs/performance.md says when; docs/cost_model.md how).
 DEFAULT = Profile(
     host=Link(1.83e-6, PerByte(1 / 6.67e9, 1 / 5.66e9), PerByte(1 / 8.90e9, 1 / 4.73e9), crowded_alpha=9.0e-6,
               fresh=0.145e-9),
