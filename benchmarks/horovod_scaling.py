@@ -1,4 +1,4 @@
-"""The cluster simulator (ringreduce.simulator) against Horovod's published scaling: 128 servers
+"""The cluster simulator (ringreduce.planning.simulator) against Horovod's published scaling: 128 servers
 of 4 Pascal GPUs over 25 Gbit/s RoCE, where Horovod reports about 90 % scaling efficiency at
 512 GPUs for Inception V3 and ResNet-101 and 68 % for VGG-16 (tf_cnn_benchmarks, batch 64 per
 GPU, synthetic data); and, in an earlier README, 90 %, 90 % and 79 % on 32 such servers.
@@ -13,7 +13,7 @@ predicted efficiency against GPUs, per algorithm, to docs/images/simulated_scali
 import dataclasses
 import pathlib
 
-from ringreduce import simulator
+from ringreduce.planning import simulator
 
 FLOAT32 = 4
 # Single P100 (DGX-1), tf_cnn_benchmarks, synthetic data, batch 64: images per second (TensorFlow's

@@ -1,5 +1,5 @@
 """fp16 and bf16 on the wire with numpy's kernels against the torch kernels ringreduce.torch lends
-the core (ringreduce/kernels.py), in one sitting: each kernel's rate on one core (G values/s, with
+the core (ringreduce/numerics/kernels.py), in one sitting: each kernel's rate on one core (G values/s, with
 a float32 copy of the same array as the yardstick), then allreduces of the training benchmark's
 gradient size (3.2 M float32 values) uncompressed, as fp16 and as bf16, each with numpy's kernels
 and with torch's, in alternating rounds.
@@ -19,8 +19,9 @@ import torch
 
 import ringreduce as core
 import ringreduce.torch  # noqa: F401 - lends its kernels
-from ringreduce import kernels, ops, reduction
-from ringreduce.compression import bfloat16
+from ringreduce import ops
+from ringreduce.numerics import kernels, reduction
+from ringreduce.numerics.compression import bfloat16
 from ringreduce.torch.kernels import TorchKernels
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -1,4 +1,4 @@
-"""The simulator's training step (ringreduce.simulator.step: the backward pass overlapped with the
+"""The simulator's training step (ringreduce.planning.simulator.step: the backward pass overlapped with the
 engine's fused allreduces) against a measured one. Each rank runs a synthetic model whose passes
 wait out their layers' times asleep, as the host thread of a GPU job waits for its kernels, and
 hands each gradient to the engine the moment its layer is done; the prediction takes the same
@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 import ringreduce as rr
-from ringreduce import simulator
 from ringreduce.algorithms import cost
+from ringreduce.planning import simulator
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "simulated_step.jsonl"
 MIB = 1 << 20

@@ -49,7 +49,7 @@ _LAZY_WITHOUT_ARRAYS = {
     "ringreduce.collectives": ("barrier", "join", "poll", "synchronize", "stop_requested"),
     "ringreduce.objects": ("broadcast_object", "allgather_object"),
     "ringreduce.process_sets": ("ProcessSet", "global_process_set", "add_process_set", "remove_process_set"),
-    "ringreduce.load_balancing": ("LoadBalancer", "BalancedBatchSampler"),
+    "ringreduce.training.load_balancing": ("LoadBalancer", "BalancedBatchSampler"),
 }
 # Point-to-point transfers on arrays: core names; each framework binding has its own.
 _POINT_TO_POINT = ("send", "recv", "isend", "irecv")
@@ -65,7 +65,7 @@ _ARRAY_CALLS = (
 _HOME = {name: module for module, names in _LAZY_WITHOUT_ARRAYS.items() for name in names}
 _HOME.update(dict.fromkeys(_ARRAY_CALLS, "ringreduce.collectives"))
 _HOME.update(dict.fromkeys(_POINT_TO_POINT, "ringreduce.point_to_point"))
-_HOME["Compression"] = "ringreduce.compression"  # each framework binding has its own
+_HOME["Compression"] = "ringreduce.numerics.compression"  # each framework binding has its own
 
 # What every framework binding re-exports as it is (as Horovod's bindings do): the API that
 # takes no arrays.

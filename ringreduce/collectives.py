@@ -12,16 +12,18 @@ import typing
 
 import numpy as np
 
-from ringreduce import arrays, ops, preemption, reduction, runtime
-from ringreduce import compression as compressions
+from ringreduce import ops, runtime
 from ringreduce.call_sites import user_call_site
-from ringreduce.compression import Compression
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.requests import Handle, Request
 from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine import backends, gpu
+from ringreduce.numerics import arrays, reduction
+from ringreduce.numerics import compression as compressions
+from ringreduce.numerics.compression import Compression
 from ringreduce.ops import Average
 from ringreduce.process_sets import global_process_set
+from ringreduce.resilience import preemption
 
 
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,

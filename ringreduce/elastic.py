@@ -2,7 +2,7 @@
 State; it calls `state.commit()` now and then (every few steps, at each epoch's end). When rrun
 tells the ranks of new or lost hosts, the next commit raises HostsUpdatedInterrupt on every rank;
 when a rank or host fails, rrun ends the generation. Either way rrun starts the next generation
-on the hosts usable then, and `run` resumes it from the newest commit (ringreduce.commits keeps
+on the hosts usable then, and `run` resumes it from the newest commit (ringreduce.resilience.commits keeps
 them on every host), then calls the state's reset callbacks.
 
 Unlike Horovod on Gloo, the processes start anew at each resize (MPI cannot shrink a running job
@@ -27,11 +27,12 @@ import sys
 
 import numpy as np
 
-from ringreduce import collectives, commits, rrun_link, runtime
+from ringreduce import collectives, runtime
 from ringreduce.errors import HostsUpdatedInterrupt
 from ringreduce.launcher import protocol
 from ringreduce.objects import broadcast_object
 from ringreduce.ops import Max
+from ringreduce.resilience import commits, rrun_link
 
 
 class State:

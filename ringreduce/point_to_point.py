@@ -18,9 +18,10 @@ import threading
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce import arrays, runtime
+from ringreduce import runtime
 from ringreduce.errors import MismatchError
 from ringreduce.machine import backends
+from ringreduce.numerics import arrays
 from ringreduce.process_sets import global_process_set
 
 MAX_TAG = (1 << 20) - 1  # user tags; the channels lie above them, below every MPI's MPI_TAG_UB

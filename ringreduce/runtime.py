@@ -13,9 +13,9 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce import preemption, program_order, rrun_link
 from ringreduce.algorithms import calibration, choice, cost
 from ringreduce.config import Config
+from ringreduce.engine import program_order
 from ringreduce.engine.loop import Engine
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
@@ -24,6 +24,7 @@ from ringreduce.engine.wire import Wire
 from ringreduce.errors import NotInitializedError, RankFailedError, RingReduceError, ranks_text
 from ringreduce.launcher import protocol
 from ringreduce.machine import faults, gpu, topology
+from ringreduce.resilience import preemption, rrun_link
 
 _active = None
 _hooks_installed = False

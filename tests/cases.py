@@ -126,7 +126,7 @@ def expected_gradients(rank, size):
     """The gradient, by Horovod's rules, of every rank's loss with respect to rank `rank`'s
     contribution through each collective of the gradient tests (and the alltoall's received
     rows): allgather and broadcast average the gradient over the ranks, a Sum reducescatter
-    scales the allgathered gradient by the size (ringreduce.gradients)."""
+    scales the allgathered gradient by the size (ringreduce.training.gradients)."""
     all_w = sum(weights(r) for r in range(size))
     gathered = sum(r + 1 for r in range(size))
     start = sum(r + 1 for r in range(rank))

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from ringreduce import ops, reduction
+from ringreduce import ops
 from ringreduce.engine.agreement import Message, disagreement
 from ringreduce.errors import MismatchError, UnsupportedDtypeError
+from ringreduce.numerics import reduction
 
 
 def msg(**fields):

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch_cases
 
-from ringreduce.load_balancing import BalancedBatchSampler, LoadBalancer
+from ringreduce.training.load_balancing import BalancedBatchSampler, LoadBalancer
 
 from launch import run_job
 

@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ringreduce.compression import Compression, ErrorFeedback, TopK, bfloat16, compress, compress_all
+from ringreduce.numerics.compression import Compression, ErrorFeedback, TopK, bfloat16, compress, compress_all
 
 
 def test_the_casts_travel_as_their_wire_dtype_and_come_back():

@@ -1,4 +1,4 @@
-"""The kernels ringreduce.torch lends the core for the wire's narrow floats (ringreduce/kernels.py):
+"""The kernels ringreduce.torch lends the core for the wire's narrow floats (ringreduce/numerics/kernels.py):
 bit for bit numpy's (and ml_dtypes') results on values chosen to round every way (ties, overflow,
 subnormals, infinities, NaN), on every layout, and numpy's own where they do not take the arrays."""
 
@@ -7,8 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-from ringreduce import kernels, ops, reduction
-from ringreduce.compression import bfloat16
+from ringreduce import ops
+from ringreduce.numerics import kernels, reduction
+from ringreduce.numerics.compression import bfloat16
 
 torch = pytest.importorskip("torch")
 from ringreduce.torch.kernels import TorchKernels  # noqa: E402

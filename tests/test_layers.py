@@ -27,23 +27,22 @@ LAUNCHER_PROTOCOL = "ringreduce.launcher.protocol"
 
 # The core's layers, top first; a module belongs to the first prefix it starts with.
 LAYERS = (
-    ("public API", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
-                    "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.collectives",
-                    "ringreduce.runtime", "ringreduce.arrays", "ringreduce.build", "ringreduce.preemption",
-                    "ringreduce.powersgd", "ringreduce.gradients", "ringreduce.load_balancing", "ringreduce.local_sgd",
-                    "ringreduce.elastic", "ringreduce.commits", "ringreduce.rrun_link", "ringreduce.simulator")),
+    ("training and planning", ("ringreduce.training", "ringreduce.planning")),
+    ("public API and resilience", ("ringreduce.checkpoint", "ringreduce.objects", "ringreduce.process_sets",
+                                   "ringreduce.point_to_point", "ringreduce.collectives", "ringreduce.runtime",
+                                   "ringreduce.build", "ringreduce.elastic", "ringreduce.resilience")),
     ("engine", ("ringreduce.engine",)),
     ("execution", ("ringreduce.execution",)),
     ("algorithms", ("ringreduce.algorithms",)),
+    ("numerics", ("ringreduce.numerics",)),
     ("machine", ("ringreduce.machine",)),
-    ("foundations", ("ringreduce.config", "ringreduce.compression", "ringreduce.ops", "ringreduce.reduction",
-                     "ringreduce.kernels", "ringreduce.errors", "ringreduce.call_sites")),
+    ("foundations", ("ringreduce.config", "ringreduce.ops", "ringreduce.errors", "ringreduce.call_sites")),
 )
 # Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the
 # algorithms and what talks to the machine own MPI objects; the engine loop, the negotiation, fusion,
 # execution and the other public API calls do not.
-MPI_OWNERS = ("ringreduce.runtime", "ringreduce.point_to_point", "ringreduce.program_order", "ringreduce.engine.wire",
-              "ringreduce.algorithms", "ringreduce.machine")
+MPI_OWNERS = ("ringreduce.runtime", "ringreduce.point_to_point", "ringreduce.engine.program_order",
+              "ringreduce.engine.wire", "ringreduce.algorithms", "ringreduce.machine")
 
 
 def _modules():

@@ -1,4 +1,4 @@
-"""PowerSGD (ringreduce/powersgd.py) at 2 ranks through the real rrun and MPI, against numpy."""
+"""PowerSGD (ringreduce/training/powersgd.py) at 2 ranks through the real rrun and MPI, against numpy."""
 
 import json
 

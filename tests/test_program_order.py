@@ -1,4 +1,4 @@
-"""Plain calls in program order (ringreduce/program_order.py) through the real rrun and MPI: small
+"""Plain calls in program order (ringreduce/engine/program_order.py) through the real rrun and MPI: small
 allreduces and barriers run without the engine, everything else is checked there and then run by
 the engine; every result against numpy and the same bit for bit on every rank; a joined rank
 answering; and the ways a wait there ends: a peer blocked elsewhere, a peer that left, a stall."""

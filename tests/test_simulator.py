@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ringreduce import simulator
 from ringreduce.algorithms import cost
+from ringreduce.planning import simulator
 
 # GPUs of one speed, so that the timeline's own tests come out in round numbers.
 CLUSTER = simulator.Cluster(nodes=4, gpus_per_node=4, intra_gbytes=100.0, intra_latency=2e-6, inter_gbit=100.0,
@@ -94,7 +94,8 @@ def test_compression_halves_the_bytes_and_helps_a_bandwidth_bound_model():
 
 def test_the_command_line_prints_every_scale():
     def run(*extra):
-        return subprocess.run([sys.executable, "-m", "ringreduce.simulator", "--gradient-mb", "98", "--step-ms", "100",
+        return subprocess.run([sys.executable, "-m", "ringreduce.planning.simulator", "--gradient-mb", "98",
+                               "--step-ms", "100",
                                *extra], capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
 
     out = run()

@@ -10,7 +10,6 @@ ringreduce.tensorflow.keras.
 """
 
 import ringreduce
-from ringreduce.powersgd import PowerSGD  # noqa: F401
 from ringreduce.tensorflow.compression import Compression  # noqa: F401
 from ringreduce.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from ringreduce.tensorflow.point_to_point import irecv, isend, recv, send  # noqa: F401
@@ -31,6 +30,7 @@ from ringreduce.tensorflow.tensors import (  # noqa: F401
     size_op,
 )
 from ringreduce.tensorflow.variables import broadcast_global_variables, broadcast_variables  # noqa: F401
+from ringreduce.training.powersgd import PowerSGD  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
 

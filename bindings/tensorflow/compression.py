@@ -1,10 +1,10 @@
-"""Compression of TensorFlow tensors for the wire, with Horovod's protocol (ringreduce.compression):
+"""Compression of TensorFlow tensors for the wire, with Horovod's protocol (ringreduce.numerics.compression):
 a compressor of the user's own runs around the collective; the built-in fp16 and bf16 cast inside
 the engine instead."""
 
 import tensorflow as tf
-from ringreduce import compression as wire
-from ringreduce.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
+from ringreduce.numerics import compression as wire
+from ringreduce.numerics.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
 def _casting(to):
@@ -67,7 +67,7 @@ class _PerTensorVariables:
 
 
 class ErrorFeedback(_PerTensorVariables, wire.ErrorFeedback):
-    """Error feedback (ringreduce.compression.ErrorFeedback) with its residuals in tf.Variables."""
+    """Error feedback (ringreduce.numerics.compression.ErrorFeedback) with its residuals in tf.Variables."""
 
     def compress(self, tensor, name):
         residual = self._variable(self.residuals, name, tensor)

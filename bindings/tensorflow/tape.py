@@ -8,10 +8,10 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce.errors import ranks_text
-from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
 from ringreduce.tensorflow.compression import Compression
+from ringreduce.training.powersgd import PowerSGD
 
 
 def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients",
@@ -57,7 +57,7 @@ def divided(gradient, size):
 
 
 def powersgd_average(powersgd, gradients, labels, process_set=global_process_set):
-    """Gradients averaged by PowerSGD (ringreduce.powersgd) over the ranks of `process_set`, eagerly or
+    """Gradients averaged by PowerSGD (ringreduce.training.powersgd) over the ranks of `process_set`, eagerly or
     as one graph node. It works on float32 or float64 copies of their values (others are cast) and
     keeps its state per label."""
     present = [i for i, g in enumerate(gradients) if g is not None]

@@ -10,7 +10,7 @@ collective without a name inside a graph is named after its input tensor, which 
 every rank that builds the same graph.
 
 The dense collectives are differentiable (tf.custom_gradient), as Horovod's are, by Horovod's
-rules (ringreduce.gradients), as in ringreduce.torch.
+rules (ringreduce.training.gradients), as in ringreduce.torch.
 
 `device_dense` and `device_sparse` are accepted: the engine runs the collectives where their
 arrays live. Names are never prefixed by the name scope, so `ignore_name_scope` changes nothing.
@@ -23,11 +23,12 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce import compression as wire
-from ringreduce import gradients, ops, process_sets
+from ringreduce import ops, process_sets
 from ringreduce.collectives import grouped_names
+from ringreduce.numerics import compression as wire
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
+from ringreduce.training import gradients
 
 _last_collective = weakref.WeakKeyDictionary()  # graph -> its latest collective node
 

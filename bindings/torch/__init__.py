@@ -8,8 +8,7 @@ collectives on tensors, and data-parallel training in two lines.
 """
 
 import ringreduce
-from ringreduce.kernels import lend
-from ringreduce.powersgd import PowerSGD  # noqa: F401
+from ringreduce.numerics.kernels import lend
 from ringreduce.torch import checkpoint, elastic  # noqa: F401
 from ringreduce.torch.compression import Compression  # noqa: F401
 from ringreduce.torch.differentiable import (  # noqa: F401
@@ -50,6 +49,7 @@ from ringreduce.torch.tensors import (  # noqa: F401
     grouped_reducescatter_async,
     reducescatter_async,
 )
+from ringreduce.training.powersgd import PowerSGD  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
 lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 2-7x faster than numpy's

@@ -1,12 +1,12 @@
-"""Compression of torch tensors for the wire, with Horovod's protocol (ringreduce.compression):
+"""Compression of torch tensors for the wire, with Horovod's protocol (ringreduce.numerics.compression):
 a compressor of the user's own runs around the collective; the built-in fp16 and bf16 cast inside
 the engine instead (the same values, in the same pass that packs the fusion buffer)."""
 
 import numpy as np
 
 import torch
-from ringreduce import compression as wire
-from ringreduce.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
+from ringreduce.numerics import compression as wire
+from ringreduce.numerics.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
 def _casting(to):

@@ -1,17 +1,18 @@
 """The plain out-of-place collectives on tensors, each an autograd Function, as Horovod's are:
 a tensor that requires grad gives a result that does too. Each backward follows Horovod's rule
-(ringreduce.gradients), and is made of collectives too: every rank runs backward through the
+(ringreduce.training.gradients), and is made of collectives too: every rank runs backward through the
 same collectives in the same order.
 """
 
 import ringreduce as core
 import torch
-from ringreduce import compression as wire
-from ringreduce import gradients, ops
+from ringreduce import ops
 from ringreduce.collectives import grouped_names
+from ringreduce.numerics import compression as wire
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
+from ringreduce.training import gradients
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,

@@ -1,12 +1,13 @@
 """torch's kernels for the wire's narrow floats, lent to the core when ringreduce.torch is imported
-(ringreduce/kernels.py says why): casts between float32 and float16 or bfloat16, and Sum, Average and
+(ringreduce/numerics/kernels.py says why): casts between float32 and float16 or bfloat16, and Sum, Average and
 Product of float16 and bfloat16 arrays, on numpy arrays through zero-copy torch views. They run on torch's
 intra-op threads (torch.set_num_threads)."""
 
 import numpy as np
 
 import torch
-from ringreduce import compression, ops
+from ringreduce import ops
+from ringreduce.numerics import compression
 
 # Min and Max stay numpy's: torch's pick the other of two zeros of different signs.
 _COMBINE = {ops.Sum: torch.add, ops.Average: torch.add, ops.Product: torch.mul}
@@ -40,7 +41,7 @@ def _view(array):
 
 
 class TorchKernels:
-    """What ringreduce.kernels.lend takes."""
+    """What ringreduce.numerics.kernels.lend takes."""
 
     @staticmethod
     def cast(target, source):

@@ -18,11 +18,11 @@ model held at that average, for example Nesterov momentum:
 """
 
 import torch
-from ringreduce import local_sgd as schedule
 from ringreduce import ops
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
+from ringreduce.training import local_sgd as schedule
 
 
 class PeriodicModelAverager:

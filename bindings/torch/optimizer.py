@@ -10,11 +10,11 @@ import numpy as np
 
 import ringreduce as core
 import torch
-from ringreduce import compression as wire
-from ringreduce.powersgd import PowerSGD
+from ringreduce.numerics import compression as wire
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
+from ringreduce.training.powersgd import PowerSGD
 from torch.amp.grad_scaler import OptState
 
 _MASK_NAME = "ringreduce.torch.gradients_present"

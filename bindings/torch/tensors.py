@@ -8,9 +8,9 @@ forms are not, as in Horovod.
 
 import ringreduce as core
 import torch
-from ringreduce import compression as wire
 from ringreduce import ops
 from ringreduce.machine import gpu
+from ringreduce.numerics import compression as wire
 from ringreduce.process_sets import global_process_set
 
 

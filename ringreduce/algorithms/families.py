@@ -4,9 +4,9 @@ each is for: the ring's reduce-scatter, the tree's broadcast and the pairwise al
 
 import numpy as np
 
-from ringreduce import reduction
 from ringreduce.algorithms import halving, pairwise, ring, tree
 from ringreduce.machine.memory import Workspace
+from ringreduce.numerics import reduction
 
 
 class RingFamily:

@@ -11,8 +11,8 @@ slot, then everyone copies all reduced slices out. Every slice is combined in ra
 exactly one rank, so every rank gets the same bits.
 """
 
-from ringreduce import reduction
 from ringreduce.machine.layout import even_counts, offsets_of, spans
+from ringreduce.numerics import reduction
 
 
 class SharedMemory:

@@ -4,7 +4,7 @@ compression and device are packed into one buffer up to the fusion threshold; ev
 Every rank plans from the same ordered responses, so every rank builds the same buffers.
 """
 
-from ringreduce import compression
+from ringreduce.numerics import compression
 
 
 def fusion_key(message):

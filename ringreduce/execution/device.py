@@ -16,10 +16,10 @@ import math
 
 import numpy as np
 
-from ringreduce import reduction
 from ringreduce.execution.packing import pack
 from ringreduce.machine.layout import even_counts, offsets_of
 from ringreduce.machine.memory import Workspace
+from ringreduce.numerics import reduction
 from ringreduce.ops import ReduceOp
 
 # y = x * factor in y's dtype, in one pass (the cast of compression included).

@@ -12,13 +12,14 @@ import time
 
 import numpy as np
 
-from ringreduce import compression, ops, reduction
+from ringreduce import ops
 from ringreduce.execution.device import DeviceExecutor
 from ringreduce.execution.packing import pack
 from ringreduce.machine import gpu
 from ringreduce.machine.backends import like, new_like, to_host
 from ringreduce.machine.layout import Concatenation, disjoint, even_counts, offsets_of
 from ringreduce.machine.memory import RECYCLER, Workspace
+from ringreduce.numerics import compression, reduction
 
 # Collectives that run on the GPU for CuPy arrays; alltoall stages them through the host.
 DEVICE_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")

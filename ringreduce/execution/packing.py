@@ -1,6 +1,6 @@
 """Filling a fusion buffer from a group's inputs, on the host or the GPU alike."""
 
-from ringreduce import reduction
+from ringreduce.numerics import reduction
 
 
 def pack(buf, offsets, requests, op, copy_scaled):

@@ -12,7 +12,7 @@ import gpu_cases  # noqa: E402
 
 import ringreduce as rr  # noqa: E402
 from ringreduce import runtime  # noqa: E402
-from ringreduce.powersgd import PowerSGD  # noqa: E402
+from ringreduce.training.powersgd import PowerSGD  # noqa: E402
 
 import cases  # noqa: E402
 

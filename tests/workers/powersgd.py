@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 import ringreduce as rr
-from ringreduce.powersgd import PowerSGD
+from ringreduce.training.powersgd import PowerSGD
 
 out = sys.argv[1]
 rr.init()

@@ -12,7 +12,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import ringreduce.torch as rr
-from ringreduce.compression import Compressor
+from ringreduce.numerics.compression import Compressor
 
 
 class Drop(Compressor):

@@ -207,7 +207,7 @@ def narrow_kernels():
     import numpy as np
 
     import ringreduce as core
-    from ringreduce import kernels, reduction
+    from ringreduce.numerics import kernels, reduction
     from ringreduce.torch.kernels import TorchKernels
 
     results = {}

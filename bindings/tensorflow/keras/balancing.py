@@ -2,7 +2,7 @@
 
 import keras
 
-from ringreduce.load_balancing import BalancedBatchSampler
+from ringreduce.training.load_balancing import BalancedBatchSampler
 
 
 class BalancedDataset(keras.utils.PyDataset):

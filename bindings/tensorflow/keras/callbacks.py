@@ -5,10 +5,10 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce import local_sgd
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.tensorflow.tensors import broadcast_
+from ringreduce.training import local_sgd
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

@@ -7,7 +7,6 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.powersgd import PowerSGD
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import (
@@ -18,6 +17,7 @@ from ringreduce.tensorflow.tape import (
     local_layer_weights,
     powersgd_average,
 )
+from ringreduce.training.powersgd import PowerSGD
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -37,7 +37,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     the same update as Horovod's, with k times its communication.
 
     `compression=rr.PowerSGD(...)` (ringreduce's) averages each batch's gradients as low-rank
-    products (ringreduce.powersgd), all of them in one step, after backward. `staleness=1` (also
+    products (ringreduce.training.powersgd), all of them in one step, after backward. `staleness=1` (also
     ringreduce's) applies each batch the average of the previous batch's gradients, averaged while
     this one computed; the first batch applies zeros (docs/communication.md). With
     `weight_prediction` (the default) each batch leaves the weights one more update ahead, where they

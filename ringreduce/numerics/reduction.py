@@ -3,8 +3,8 @@ before the reduction, postscale multiplies the result after it, as Horovod's do.
 
 import numpy as np
 
-from ringreduce import kernels
 from ringreduce.errors import UnsupportedDtypeError
+from ringreduce.numerics import kernels
 from ringreduce.ops import ReduceOp
 
 _UFUNCS = {

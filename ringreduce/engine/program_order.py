@@ -34,13 +34,14 @@ import typing
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce import ops, reduction
+from ringreduce import ops
 from ringreduce.engine import agreement
 from ringreduce.engine.loop import report_stall
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError, ranks_text
 from ringreduce.machine import faults
 from ringreduce.machine.transport import MAX_SLEEP_SECONDS, YIELD_SECONDS, wait_until
+from ringreduce.numerics import reduction
 
 MAX_RANKS = 8  # above this, sending every peer a message costs more than the engine's collectives
 DATA_BYTES = 64 << 10  # the most data a rank sends its peers together for one call

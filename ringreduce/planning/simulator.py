@@ -11,7 +11,7 @@ the slowest, so the whole step runs at the pace of the job's slowest GPU (GPUs o
 in speed: Cluster.gpu_spread). Efficiency is the single GPU's step time over this one (weak
 scaling: the batch per GPU stays the same).
 
-    python -m ringreduce.simulator --gpus-per-node 8 --intra-gbytes 150 --inter-gbit 200 \\
+    python -m ringreduce.planning.simulator --gpus-per-node 8 --intra-gbytes 150 --inter-gbit 200 \\
         --gradient-mb 98 --layers 160 --step-ms 100
 
 docs/cost_model.md checks it against measurement here and against Horovod's published scaling.
@@ -163,7 +163,8 @@ def scaling(cluster, workload, families=(None, *FAMILIES), scales=SCALES, engine
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Predict data-parallel scaling on a cluster (ringreduce.simulator).")
+    parser = argparse.ArgumentParser(
+        description="Predict data-parallel scaling on a cluster (ringreduce.planning.simulator).")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--intra-gbytes", type=float, default=150.0, help="GB/s between GPUs of a node")
     parser.add_argument("--intra-latency-us", type=float, default=5.0)

@@ -1,0 +1,1 @@
+"""The numbers on the wire: reductions and scaling, the kernels, array checks, narrow-float compression."""

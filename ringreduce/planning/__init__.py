@@ -1,0 +1,1 @@
+"""Planning a job before it runs: the cluster simulator."""
