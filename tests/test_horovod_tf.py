@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow")
+tf = pytest.importorskip("tensorflow")
 
 import cases  # noqa: E402
 from launch import run_job  # noqa: E402
@@ -40,7 +40,7 @@ def test_horovod_style_tensorflow(np_, tmp_path):
         expected_errors = {"slices-min": ["NotImplementedError"], "slices-scaled": ["NotImplementedError"]}
         if np_ > 1:
             expected_errors.update(eager=["FailedPreconditionError", "MismatchError"],
-                                   function=["InvalidArgumentError"])
+                                   function=["FailedPreconditionError"], session=["FailedPreconditionError"])
         assert got["errors"] == expected_errors
         assert got["executing_eagerly"] is True
         # d loss / d output = rank + 1 on every rank: the shared kernel gets the average over ranks
@@ -70,3 +70,46 @@ def test_horovod_style_tensorflow(np_, tmp_path):
         np.testing.assert_allclose(got["graph_step"], np.array([0.0, 1.0]) - 0.5 * mean_gradient, rtol=1e-6)
         for key, expected in cases.expected_gradients(rank, np_).items():
             np.testing.assert_allclose(got["grads"][key], expected, err_msg=key)
+
+
+def test_a_graph_collective_fails_with_the_status_code_its_python_node_returned():
+    from ringreduce.tensorflow import graph_errors
+
+    @tf.function
+    def checked(code):
+        return graph_errors.raise_if([tf.constant([1.0, 2.0])], code, tf.constant("ranks 0 and 1 disagree"))
+
+    np.testing.assert_array_equal(checked(tf.constant(0))[0], [1.0, 2.0])
+    with pytest.raises(tf.errors.FailedPreconditionError, match="ranks 0 and 1 disagree"):
+        checked(tf.constant(tf.errors.FAILED_PRECONDITION))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="ranks 0 and 1 disagree"):
+        checked(tf.constant(tf.errors.INVALID_ARGUMENT))
+
+
+def test_without_a_compiler_a_graph_collective_still_fails_naming_the_problem(monkeypatch):
+    from ringreduce.tensorflow import graph_errors
+
+    monkeypatch.setattr(graph_errors, "_compiled_op", lambda: None)
+
+    @tf.function
+    def checked(code):
+        return graph_errors.raise_if([tf.constant([1.0])], code, tf.constant("ranks 0 and 1 disagree"))
+
+    np.testing.assert_array_equal(checked(tf.constant(0))[0], [1.0])
+    with pytest.raises(tf.errors.UnknownError, match="ranks 0 and 1 disagree"):
+        checked(tf.constant(tf.errors.FAILED_PRECONDITION))
+
+
+@pytest.mark.parametrize("planted", ["writable by others", "a link"])
+def test_the_compiled_op_is_never_taken_from_a_directory_someone_else_could_write(tmp_path, planted):
+    from ringreduce.tensorflow import graph_errors
+
+    target = tmp_path / "ops"
+    if planted == "a link":
+        (tmp_path / "elsewhere").mkdir()
+        target.symlink_to(tmp_path / "elsewhere")
+    else:
+        target.mkdir()
+        target.chmod(0o777)
+    with pytest.raises(PermissionError, match="not used"):
+        graph_errors._private_directory(target)

@@ -27,6 +27,7 @@ from ringreduce import ops, process_sets
 from ringreduce.collectives import grouped_names
 from ringreduce.numerics import compression as wire
 from ringreduce.process_sets import global_process_set
+from ringreduce.tensorflow import graph_errors
 from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.training import gradients
 
@@ -277,14 +278,19 @@ def run_on_values(kind, name, values, collective, shapes, dtypes=None):
             results = collective([v.numpy() for v in values], name)
         return [tf.convert_to_tensor(np.asarray(r)) for r in results]
     name = name or f"{kind}.{values[0].name}"
+    dtypes = dtypes or [v.dtype for v in values]
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        def run(*arrays):
-            with raised_as_tensorflow_errors():  # a ValueError becomes the node's InvalidArgumentError
-                return [np.asarray(r) for r in collective(list(arrays), name)]
+        def run(*arrays):  # the results, then the status code and message the next node fails with
+            try:
+                return [*(np.asarray(r) for r in collective(list(arrays), name)), np.int32(0), b""]
+            except (core.RingReduceError, ValueError, TypeError) as error:
+                unused = [np.zeros(0, d.as_numpy_dtype) for d in dtypes]
+                return [*unused, np.int32(graph_errors.status_code(error)), str(error).encode()]
 
-        results = tf.numpy_function(run, values, dtypes or [v.dtype for v in values], stateful=True)
+        *results, code, message = tf.numpy_function(run, values, [*dtypes, tf.int32, tf.string], stateful=True)
+        results = graph_errors.raise_if(results, code, message)
     results = results if isinstance(results, list) else [results]
     _last_collective[graph] = results[0].op
     for result, shape in zip(results, shapes, strict=True):
@@ -314,23 +320,17 @@ _ERROR_CLASSES = {}
 @contextlib.contextmanager
 def raised_as_tensorflow_errors():
     """A ringreduce error raised as a class that is both its own and the TensorFlow op error
-    Horovod's ops raise (tf.errors.FailedPreconditionError when the ranks' calls do not match,
-    tf.errors.InvalidArgumentError for bad arguments, tf.errors.UnknownError otherwise), so that
-    `except tf.errors.FailedPreconditionError` catches it, as it catches Horovod's, and so does
-    `except rr.MismatchError`. Inside a graph (tf.function, tf.compat.v1) TensorFlow's kernel for
-    Python ops makes every ValueError an InvalidArgumentError and anything else an UnknownError,
-    whatever its class: there a mismatch is an InvalidArgumentError (Horovod's compiled op gives
-    FailedPreconditionError)."""
+    Horovod's ops raise (graph_errors.op_error_class), so that `except
+    tf.errors.FailedPreconditionError` catches a mismatch, as it catches Horovod's, and so does
+    `except rr.MismatchError`."""
     try:
         yield
     except (core.RingReduceError, ValueError, TypeError) as error:
         if isinstance(error, tf.errors.OpError):
             raise
-        base = (tf.errors.FailedPreconditionError if isinstance(error, core.MismatchError)
-                else tf.errors.InvalidArgumentError if isinstance(error, (ValueError, TypeError))
-                else tf.errors.UnknownError)
         kind = _ERROR_CLASSES.get(type(error))
         if kind is None:
+            base = graph_errors.op_error_class(error)
             kind = _ERROR_CLASSES[type(error)] = type(type(error).__name__, (type(error), base),
                                                       {"__init__": base.__init__, "__str__": base.__str__,
                                                        "__module__": type(error).__module__})

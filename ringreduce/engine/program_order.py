@@ -205,12 +205,13 @@ class ProgramOrder:
         for packet in received:
             if packet.flags & _JOINED:
                 continue
+            theirs = headers[self.ranks[packet.peer]] = packet.buffer[_PREFIX.size:_PREFIX.size + packet.length]
             if packet.calls != number:
                 raise MismatchError(
                     f"plain calls{self.where} are out of step: this is call {number + 1} in program order on "
-                    f"rank {self.ranks[self.me]} but call {packet.calls + 1} on rank {self.ranks[packet.peer]} (a "
-                    "call that failed on one rank only, or plain calls made from two threads at once)")
-            theirs = headers[self.ranks[packet.peer]] = packet.buffer[_PREFIX.size:_PREFIX.size + packet.length]
+                    f"rank {self.ranks[self.me]}, {message.described()}, but call {packet.calls + 1} on rank "
+                    f"{self.ranks[packet.peer]}, {pickle.loads(theirs).described()} (a call that failed on one "
+                    "rank only, or plain calls made from two threads at once)")
             differ = differ or theirs != header
         if not differ:
             return

@@ -78,11 +78,17 @@ def mismatched_in_function():
     return hvd.allreduce(tf.ones([rank + 2]), name="mismatched.function")
 
 
-# Horovod's op errors: eagerly a mismatch is tf.errors.FailedPreconditionError (and ringreduce's
-# MismatchError); in tf.function TensorFlow makes it an InvalidArgumentError.
+def mismatched_in_session():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        return session.run(hvd.allgather(tf.ones([2, rank + 2]), name="mismatched.session"))
+
+
+# Horovod's op errors: a mismatch is tf.errors.FailedPreconditionError, eagerly (also ringreduce's
+# MismatchError), in tf.function and in a tf.compat.v1 session.
 errors = {}
 for label, call in (("eager", lambda: hvd.allreduce(tf.ones([rank + 2]), name="mismatched.eager")),
                     ("function", mismatched_in_function),
+                    ("session", mismatched_in_session),
                     ("slices-min", lambda: hvd.allreduce(slices, op=hvd.Min)),
                     ("slices-scaled", lambda: hvd.allreduce(slices, op=hvd.Sum, prescale_factor=2.0))):
     try:

@@ -38,6 +38,17 @@ def _rank() -> str:
     return "0"
 
 
+def _keras_3() -> bool:
+    """Whether tf.keras is Keras 3 (TF_USE_LEGACY_KERAS=1 with tf_keras installed makes it Keras 2)."""
+    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
+        return False
+    try:
+        import keras
+    except ImportError:
+        return False
+    return int(keras.__version__.split(".")[0]) >= 3
+
+
 def pytest_configure(config):
     if config.option.xmlpath:
         config.option.xmlpath = config.option.xmlpath.replace("{rank}", _rank())
@@ -52,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
         name = item.name.split("[")[0]
         unparameterized = re.sub(r"_\d+$", "", name)  # parameterized.expand's name_0, name_1
         keras_2_only = KERAS_2_ONLY.get(name) or KERAS_2_ONLY.get(unparameterized)
-        if keras_2_only:
+        if keras_2_only and _keras_3():
             item.add_marker(pytest.mark.skip(reason=f"Keras 2 only: {keras_2_only}"))
         elif name in SKIPPED:
             item.add_marker(pytest.mark.skip(reason=f"ringreduce: {SKIPPED[name]}"))
