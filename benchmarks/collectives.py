@@ -32,10 +32,10 @@ from mpi4py import MPI
 
 import ringreduce as rr
 from ringreduce.algorithms.families import RingFamily
-from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.config import Config
 from ringreduce.machine import topology
-from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.segment import Segment
 from ringreduce.machine.transport import MPITransport
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

@@ -1,4 +1,4 @@
-"""The cost model against measurement, without circularity: the short probe (calibration.py) on
+"""The cost model against measurement, without circularity: the short probe (planning/calibration.py) on
 two ranks predicts held-out cases it never ran: every family's allreduce at 1 KiB to 256 MiB, at
 this job's number of ranks and hosts. Each case also records what the same profile predicts without
 its fresh-data term (cost.Link.fresh) and without its shared-memory handover (cost.Profile.shm_handover),
@@ -25,14 +25,15 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.algorithms import calibration, cost
+from ringreduce.algorithms import cost
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.machine import topology
-from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.segment import Segment
 from ringreduce.machine.transport import MPITransport, wait_all
 from ringreduce.ops import ReduceOp
+from ringreduce.planning import calibration, profiles
 
 SIZES = [1 << 10, 8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "cost_model.jsonl"
@@ -89,14 +90,14 @@ def main():
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     place, host_comm, cross_comm = topology.discover(comm)
-    shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+    shape = cost.JobShape(place.size, place.hosts, place.homogeneous)
     built = families(comm, place, host_comm, cross_comm)
     cases = [(name, n) for name in built for n in SIZES
              if n <= args.max_bytes and not (name == "tree" and n > 16 << 20)]
     measured, predicted = ({case: [] for case in cases} for _ in range(2))
     alternatives = {key: {case: [] for case in cases} for key in ("without_fresh", "without_handover")}
     for _ in range(args.rounds):
-        profile = (cost.load(args.profile) if args.profile
+        profile = (profiles.load(args.profile) if args.profile
                    else calibration.measure(comm)[0] if args.probe_on_all else probe_on_two(comm))
         model = cost.Model(profile, shape)
         without = {"without_fresh": dataclasses.replace(profile, host=dataclasses.replace(profile.host, fresh=None)),

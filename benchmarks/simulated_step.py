@@ -23,7 +23,7 @@ import numpy as np
 
 import ringreduce as rr
 from ringreduce.algorithms import cost
-from ringreduce.planning import simulator
+from ringreduce.planning import profiles, simulator
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "simulated_step.jsonl"
 MIB = 1 << 20
@@ -90,9 +90,9 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     rr.init()
-    profile = cost.load(args.profile)
+    profile = profiles.load(args.profile)
     hosts = rr.size() // rr.local_size()
-    machine = MeasuredMachine(profile, cost.Shape(rr.size(), hosts))
+    machine = MeasuredMachine(profile, cost.JobShape(rr.size(), hosts))
     engine = simulator.Engine()  # the runtime's defaults: 128 MiB buffers, a 1 ms cycle
     rows = []
     for workload in workloads():

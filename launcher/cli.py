@@ -20,6 +20,8 @@ from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, prot
 from ringreduce.launcher.elastic import ElasticRun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
+from ringreduce.planning import profiles
+from ringreduce.planning.explain import explain as explain_profile
 
 # Variables rrun gives every rank from its own environment (besides -x): ringreduce's knobs, and the
 # settings the fabric, the MPI and the GPU stack read, which a job script sets on the launch node.
@@ -84,8 +86,8 @@ def explanation(num_proc, host_list, hostfile, knobs):
     hosts = len(placement) if placement else 1
     homogeneous = not placement or len({slots for _, slots in placement}) == 1
     path = knobs.get("profile")
-    return cost.explain(cost.load(path and os.path.abspath(path)), cost.Shape(num_proc, hosts, homogeneous),
-                        knobs.get("hierarchical_allreduce"))
+    return explain_profile(profiles.load(path and os.path.abspath(path)), cost.JobShape(num_proc, hosts, homogeneous),
+                           knobs.get("hierarchical_allreduce"))
 
 
 def _knob_name(flag):
@@ -175,7 +177,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if calibrate:
         if command:
             raise LaunchError("--calibrate runs its own probe: give no command with it")
-        command = (sys.executable, "-m", "ringreduce.algorithms.calibration")
+        command = (sys.executable, "-m", "ringreduce.planning.calibration")
     if not command:
         raise LaunchError("give the command to run, e.g. `rrun -np 2 python train.py`")
     check_command(command)
@@ -202,7 +204,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         map_by=map_by,
         env=env,
         mpi_args=shlex.split(mpi_args),
-        local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,  # Open MPI's slots: physical cores
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
     dialect = dialects.dialect_of(mpiexec)

@@ -16,6 +16,7 @@ import sys
 import threading
 
 from ringreduce.launcher.protocol import STATUS_PREFIX, WORLD_SIZE_VARIABLE, status_line
+from ringreduce.machine.cores import usable_cores
 
 # Where each MPI and Slurm put the rank of the process they start.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -79,7 +80,7 @@ def threads_per_rank(environ):
     allowed). More threads than cores is worse than slow here: idle pool threads spin, taking the
     cores the other ranks compute on (PowerSGD's products at 2 ranks on 2 cores: 59 ms, 15 ms with
     one thread each)."""
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cores()
     local = next((int(environ[v]) for v in LOCAL_SIZE_VARIABLES if v in environ), 1)
     if cpus == os.cpu_count():
         cpus //= local

@@ -13,8 +13,8 @@ import typing
 import numpy as np
 
 from ringreduce import ops, runtime
-from ringreduce.call_sites import user_call_site
 from ringreduce.engine.agreement import Message
+from ringreduce.engine.call_sites import user_call_site
 from ringreduce.engine.requests import Handle, Request
 from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine import backends, gpu
@@ -260,7 +260,7 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
 
 def _synchronously(start, process_set, in_order=True, remember=None):
     """Start a request (start() returns its handle) and wait for it. A single plain call first
-    meets the other ranks' in program order, where its domain does so (program_order.py), which
+    meets the other ranks' in program order, where its domain does so (engine/plain_calls.py), which
     runs a small allreduce or a barrier there and then (and its Message is kept under `remember`,
     see _plain_allreduce); the engine gets the rest. The engine thread is not woken for them: this
     thread runs the cycles itself while no other thread runs one, which spares a small call two

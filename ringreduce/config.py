@@ -49,7 +49,7 @@ class Config:
     stall_stacks: bool = False
     straggler_report: bool = False
     # Plain allreduces on up to 8 ranks pair up in program order, small ones with their data
-    # (program_order.py); off: through the engine, as every other call.
+    # (engine/plain_calls.py); off: through the engine, as every other call.
     program_order: bool = True
 
     @classmethod

@@ -2,7 +2,7 @@
 State; it calls `state.commit()` now and then (every few steps, at each epoch's end). When rrun
 tells the ranks of new or lost hosts, the next commit raises HostsUpdatedInterrupt on every rank;
 when a rank or host fails, rrun ends the generation. Either way rrun starts the next generation
-on the hosts usable then, and `run` resumes it from the newest commit (ringreduce.resilience.commits keeps
+on the hosts usable then, and `run` resumes it from the newest commit (ringreduce.resilience.commit_store keeps
 them on every host), then calls the state's reset callbacks.
 
 Unlike Horovod on Gloo, the processes start anew at each resize (MPI cannot shrink a running job
@@ -32,7 +32,7 @@ from ringreduce.errors import HostsUpdatedInterrupt
 from ringreduce.launcher import protocol
 from ringreduce.objects import broadcast_object
 from ringreduce.ops import Max
-from ringreduce.resilience import commits, rrun_link
+from ringreduce.resilience import commit_store, rrun_link
 
 
 class State:
@@ -43,7 +43,7 @@ class State:
         self._reset_callbacks = []
         self._saved = None  # the last save(), pickled
         self._key = None  # the last commit's (generation, sequence)
-        self._store = commits.CommitStore()
+        self._store = commit_store.CommitStore()
 
     def _state(self):
         raise NotImplementedError
@@ -86,7 +86,7 @@ class State:
         same step."""
         self.save()
         sequence = 1 if self._key is None else self._key[1] + 1
-        key = (commits.generation(), sequence)
+        key = (commit_store.generation(), sequence)
         problem = self._store.write(key, self._saved)
         link = rrun_link.current()
         updated = self._store.confirm(key, problem, flag=link is not None and link.hosts_updated.is_set())
@@ -140,7 +140,7 @@ def run(func):
     def wrapper(state, *args, **kwargs):
         link = rrun_link.current()
         in_place = os.environ.get(protocol.IN_PLACE_VARIABLE) == "1"
-        reset, shrunk = commits.generation() > 0, False
+        reset, shrunk = commit_store.generation() > 0, False
         while True:
             key = state._resume()
             if link is not None:

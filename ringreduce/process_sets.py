@@ -8,7 +8,7 @@ gives the rank within the set, to read an allgather's result.
 """
 
 from ringreduce import runtime
-from ringreduce.call_sites import user_call_site
+from ringreduce.engine.call_sites import user_call_site
 from ringreduce.errors import ranks_text
 
 

@@ -13,9 +13,9 @@ import threading
 from mpi4py import MPI
 from mpi4py.run import set_abort_status
 
-from ringreduce.algorithms import calibration, choice, cost
+from ringreduce.algorithms import choice
 from ringreduce.config import Config
-from ringreduce.engine import program_order
+from ringreduce.engine import plain_calls
 from ringreduce.engine.loop import Engine
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
@@ -24,6 +24,7 @@ from ringreduce.engine.wire import Wire
 from ringreduce.errors import NotInitializedError, RankFailedError, RingReduceError, ranks_text
 from ringreduce.launcher import protocol
 from ringreduce.machine import faults, gpu, topology
+from ringreduce.planning import calibration, profiles
 from ringreduce.resilience import preemption, rrun_link
 
 _active = None
@@ -82,7 +83,7 @@ def _cost_profile(comm, config):
     loaded = None
     if comm.rank == 0:
         try:
-            loaded = cost.load()
+            loaded = profiles.load()
         except ValueError as error:  # every rank raises it, none waits for rank 0
             loaded = error
     loaded = comm.bcast(loaded, root=0)
@@ -97,7 +98,7 @@ class Runtime:
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
         self.profile = _cost_profile(comm, config)
-        ordered_comm = comm.Dup() if program_order.available(comm, config) else None
+        ordered_comm = comm.Dup() if plain_calls.available(comm, config) else None
         self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
         ranks = range(self.topology.size)
         self.domains = {0: Domain(0, ranks, self.engine, comm.Dup(), self._ordered(ordered_comm, ranks, self.engine))}
@@ -176,7 +177,7 @@ class Runtime:
         engine = peer_comm = ordered = None
         if member:
             peer_comm = set_comm.Dup()
-            ordered_comm = set_comm.Dup() if program_order.available(set_comm, self.config) else None
+            ordered_comm = set_comm.Dup() if plain_calls.available(set_comm, self.config) else None
             where = f" in process set {set_id}"
             engine = self._start_engine(set_comm, ranks, where)[1]
             ordered = self._ordered(ordered_comm, ranks, engine, where)
@@ -189,7 +190,7 @@ class Runtime:
     def _ordered(comm, ranks, engine, where=""):
         if comm is None:
             return None
-        ordered = program_order.ProgramOrder(comm, ranks, engine, where)
+        ordered = plain_calls.PlainCalls(comm, ranks, engine, where)
         engine.plain_call_stranded = ordered.stranded
         return ordered
 

@@ -15,7 +15,7 @@ from ringreduce.algorithms.contract import DeviceFamily, HostFamily
 from ringreduce.algorithms.device import CudaAwareMpi, Nccl, Staged
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
 from ringreduce.machine import layout

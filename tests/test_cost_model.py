@@ -13,7 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from ringreduce.algorithms import calibration, cost
+from ringreduce.algorithms import cost
+from ringreduce.machine.cores import usable_cores
+from ringreduce.planning import calibration, profiles
+from ringreduce.planning.explain import explain
 
 from launch import run_job
 
@@ -29,7 +32,7 @@ def _profile(alpha=1.0, beta=0.0, gamma=0.0, network=None, calls=None, cores=64)
 def test_messages_counted_per_family(ranks):
     """With one second per message and nothing else: the ring sends 2(p-1), halving and doubling
     2 log2 of the largest power of two (plus the fold's two where p is not one), the tree 2 ceil(log2 p)."""
-    model = cost.Model(_profile(), cost.Shape(ranks))
+    model = cost.Model(_profile(), cost.JobShape(ranks))
     width = 1 << (ranks.bit_length() - 1)
     assert model.allreduce("ring", 1000) == 2 * (ranks - 1)
     assert model.allreduce("halving_doubling", 1000) == 2 * math.log2(width) + (2 if width < ranks else 0)
@@ -37,7 +40,7 @@ def test_messages_counted_per_family(ranks):
 
 
 def test_bytes_and_reductions_follow_the_closed_forms():
-    model = cost.Model(_profile(alpha=0.0, beta=1.0, gamma=10.0), cost.Shape(4))
+    model = cost.Model(_profile(alpha=0.0, beta=1.0, gamma=10.0), cost.JobShape(4))
     n = 4096
     assert model.allreduce("ring", n) == pytest.approx(2 * 3 / 4 * n + 10 * 3 / 4 * n)
     assert model.allreduce("halving_doubling", n) == pytest.approx(2 * 3 / 4 * n + 10 * 3 / 4 * n)
@@ -52,8 +55,8 @@ def test_per_byte_cost_moves_from_cache_to_memory_with_the_working_set():
 
 
 def test_ranks_beyond_the_cores_share_them():
-    crowded = cost.Model(_profile(alpha=1.0, cores=2), cost.Shape(4))
-    roomy = cost.Model(_profile(alpha=1.0, cores=4), cost.Shape(4))
+    crowded = cost.Model(_profile(alpha=1.0, cores=2), cost.JobShape(4))
+    roomy = cost.Model(_profile(alpha=1.0, cores=4), cost.JobShape(4))
     assert crowded.allreduce("ring", 100) == 2 * roomy.allreduce("ring", 100)
 
 
@@ -64,7 +67,7 @@ def test_only_the_ranks_at_work_crowd_the_cores(ranks, hd, tree):
     3 ranks halving and doubling's fold, middle and unfold each have two ranks at work, as each of
     the tree's rounds has (rank 2 has no partner in the first); at 5, the fold two and the middle
     four (two to a core); at 6, four and four. MPI's own spin while they wait."""
-    model = cost.Model(_profile(alpha=1.0, cores=2), cost.Shape(ranks))
+    model = cost.Model(_profile(alpha=1.0, cores=2), cost.JobShape(ranks))
     crowding = math.ceil(ranks / 2)
     width = 1 << (ranks.bit_length() - 1)
     assert model.allreduce("halving_doubling", 1000) == hd
@@ -77,7 +80,7 @@ def test_a_shared_network_link_is_shared_by_the_ranks_crossing_it():
     """Halving across two hosts of four ranks: the first step's halves (n/2 each) cross from all
     four ranks of a host at once; the ring sends one message per host at each step."""
     network = cost.Link(0.0, cost.PerByte(1.0, 1.0))
-    model = cost.Model(_profile(alpha=0.0, network=network), cost.Shape(8, hosts=2))
+    model = cost.Model(_profile(alpha=0.0, network=network), cost.JobShape(8, hosts=2))
     n = 8000
     assert model.allreduce("halving_doubling", n) == pytest.approx(2 * (n / 2) * 4)
     assert model.allreduce("ring", n) == pytest.approx(2 * 7 * n / 8)
@@ -89,7 +92,7 @@ def test_choice_latency_small_bandwidth_large():
     fold; a family whose calls cost a second is never chosen."""
     network = cost.Link(10e-6, cost.PerByte(1e-9, 1e-9))
     model = cost.Model(_profile(alpha=1e-6, beta=1e-10, gamma=1e-10, network=network, calls={"mpi": 1.0}),
-                       cost.Shape(48, hosts=48))
+                       cost.JobShape(48, hosts=48))
     assert model.choose("allreduce", 8) in ("tree", "halving_doubling")
     assert model.choose("allreduce", 1 << 30) == "ring"
     table = model.table("allreduce")
@@ -98,28 +101,29 @@ def test_choice_latency_small_bandwidth_large():
 
 
 def test_profile_saved_and_loaded(tmp_path):
-    path = cost.save(cost.DEFAULT, tmp_path / "deep" / "profile.json")
-    loaded = cost.load(path)
+    path = profiles.save(cost.DEFAULT, tmp_path / "deep" / "profile.json")
+    loaded = profiles.load(path)
     assert dataclasses.replace(loaded, source=cost.DEFAULT.source) == cost.DEFAULT
     assert loaded.source == str(path)
-    assert cost.load(tmp_path / "missing.json") == dataclasses.replace(cost.DEFAULT, cores=cost.usable_cores())
+    assert profiles.load(tmp_path / "missing.json") == dataclasses.replace(cost.DEFAULT, cores=usable_cores())
 
 
 def test_the_built_in_profile_counts_this_hosts_cores(monkeypatch, tmp_path):
     """Measured on a 2-core VM, the built-in profile would take 4 ranks on an 8-core host as two
     to a core, and choose for a crowding that is not there."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    built_in = cost.load(tmp_path / "missing.json")
+    built_in = profiles.load(tmp_path / "missing.json")
     assert built_in.cores == 8 and built_in.source == "built in"
-    assert cost.Model(built_in, cost.Shape(4)).crowding == 1 and cost.Model(cost.DEFAULT, cost.Shape(4)).crowding == 2
-    assert "crowded" not in cost.explain(built_in, cost.Shape(4))
+    assert cost.Model(built_in, cost.JobShape(4)).crowding == 1
+    assert cost.Model(cost.DEFAULT, cost.JobShape(4)).crowding == 2
+    assert "crowded" not in explain(built_in, cost.JobShape(4))
 
 
 def test_a_profile_saved_before_the_fresh_data_and_handover_terms_still_loads(tmp_path):
     fields = json.loads(cost.DEFAULT.to_json())
     del fields["core_cache_bytes"], fields["host"]["fresh"], fields["mpi"]["fresh"], fields["shm_handover"]
     (tmp_path / "old.json").write_text(json.dumps(fields))
-    old = cost.load(tmp_path / "old.json")
+    old = profiles.load(tmp_path / "old.json")
     assert old.core_cache_bytes == 0 and old.host.fresh is None and old.shm_handover == 0.0
     assert old.host.alpha == cost.DEFAULT.host.alpha and old.calls == cost.DEFAULT.calls
 
@@ -128,14 +132,14 @@ def test_a_broken_profile_names_its_file(tmp_path):
     broken = tmp_path / "profile.json"
     broken.write_text('{"host": 3}')
     with pytest.raises(ValueError, match=f"{broken} is not a ringreduce cost profile.*rrun --calibrate"):
-        cost.load(broken)
+        profiles.load(broken)
 
 
 def test_the_profile_path_comes_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("RINGREDUCE_PROFILE", str(tmp_path / "p.json"))
-    assert cost.default_path() == tmp_path / "p.json"
+    assert profiles.default_path() == tmp_path / "p.json"
     monkeypatch.delenv("RINGREDUCE_PROFILE")
-    assert cost.default_path().name == "profile.json" and ".cache" in str(cost.default_path())
+    assert profiles.default_path().name == "profile.json" and ".cache" in str(profiles.default_path())
 
 
 def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
@@ -144,19 +148,19 @@ def test_fresh_data_costs_more_while_it_stays_in_a_cores_cache():
     and not on one-way messages (the tree's), whose per-byte cost the probe measures on fresh data."""
     fresh = dataclasses.replace(_profile(alpha=0.0), core_cache_bytes=2 << 20,
                                 host=cost.Link(0.0, cost.PerByte(0.0, 0.0), fresh=1.0))
-    model = cost.Model(fresh, cost.Shape(2))
+    model = cost.Model(fresh, cost.JobShape(2))
     assert [model._in_core(n << 10) for n in (64, 256, 512, 1024, 4096)] == [1.0, 1.0, 0.5, 0.0, 0.0]
     assert model.allreduce("ring", 512 << 10) == 2 * (256 << 10)  # two messages of 256 KiB
     assert model.allreduce("ring", 2 << 20) == 0.0  # messages of 1 MiB: none
     assert model.allreduce("halving_doubling", 1 << 20) == 2 * (512 << 10) * 0.5
     assert model.allreduce("mpi", 512 << 10) == 0.0
     assert model.allreduce("tree", 512 << 10) == 0.0
-    crowded = cost.Model(dataclasses.replace(fresh, cores=1), cost.Shape(2))
+    crowded = cost.Model(dataclasses.replace(fresh, cores=1), cost.JobShape(2))
     assert crowded.allreduce("ring", 512 << 10) == 2 * (256 << 10)  # the same on one core
-    unknown_cache = cost.Model(dataclasses.replace(fresh, core_cache_bytes=0), cost.Shape(2))
+    unknown_cache = cost.Model(dataclasses.replace(fresh, core_cache_bytes=0), cost.JobShape(2))
     assert unknown_cache.allreduce("ring", 512 << 10) == 0.0
     across = cost.Model(dataclasses.replace(fresh, network=cost.Link(0.0, cost.PerByte(0.0, 0.0))),
-                        cost.Shape(2, hosts=2))
+                        cost.JobShape(2, hosts=2))
     assert across.allreduce("ring", 512 << 10) == 0.0
 
 
@@ -169,13 +173,13 @@ def test_shared_memory_pays_the_handover_for_every_byte_read_from_another_ranks_
     n = 3 << 20
     for cores in (1, 64):
         profile = dataclasses.replace(_profile(alpha=0.0, cores=cores), shm_handover=1.0)
-        model = cost.Model(profile, cost.Shape(ranks))
+        model = cost.Model(profile, cost.JobShape(ranks))
         others = (ranks - 1) / ranks
         assert model.allreduce("shm", n) == pytest.approx(2 * others * n)
         assert model.reducescatter("shm", n) == pytest.approx(others * n + others * n / ranks)
         assert model.allgather("shm", n) == pytest.approx(others * n)
         assert model.broadcast("shm", n) == pytest.approx(n)
-    assert cost.Model(_profile(alpha=0.0), cost.Shape(ranks)).allreduce("shm", n) == 0.0
+    assert cost.Model(_profile(alpha=0.0), cost.JobShape(ranks)).allreduce("shm", n) == 0.0
 
 
 def test_the_caches_come_from_sysfs_by_level(tmp_path):
@@ -225,7 +229,8 @@ def test_mpis_own_cost_per_byte_is_kept_as_measured_even_where_larger_arrays_cos
     place = type("Place", (), {"hosts": 1, "size": 3})()
     per_byte = probe.mpi_per_byte(None, draft, place)
     assert per_byte.memory < per_byte.cache
-    model = cost.Model(dataclasses.replace(draft, mpi=dataclasses.replace(draft.mpi, exchange=per_byte)), cost.Shape(3))
+    fitted = dataclasses.replace(draft, mpi=dataclasses.replace(draft.mpi, exchange=per_byte))
+    model = cost.Model(fitted, cost.JobShape(3))
     for nbytes, seconds in measured.items():
         assert model._allreduce_mpi(nbytes) == pytest.approx(seconds)
 
@@ -251,7 +256,7 @@ def test_the_cpu_a_thread_runs_on_is_the_39th_field_of_its_stat(tmp_path):
 
 
 def test_explain_names_every_collective_and_the_parameters():
-    text = cost.explain(cost.DEFAULT, cost.Shape(8, hosts=2))
+    text = explain(cost.DEFAULT, cost.JobShape(8, hosts=2))
     assert "cost model profile: built in" in text and "assumed" in text
     for collective in cost.COLLECTIVES:
         assert f"  {collective}" in text
@@ -278,8 +283,8 @@ def _choice_job(tmp_path, size, env):
 
 def test_explain_warns_where_ranks_outnumber_a_hosts_cores():
     profile = dataclasses.replace(cost.DEFAULT, cores=2)
-    assert "crowded   4 ranks per host on 2 cores" in cost.explain(profile, cost.Shape(4))
-    assert "crowded" not in cost.explain(profile, cost.Shape(4, hosts=2))
+    assert "crowded   4 ranks per host on 2 cores" in explain(profile, cost.JobShape(4))
+    assert "crowded" not in explain(profile, cost.JobShape(4, hosts=2))
 
 
 @pytest.mark.mpi
@@ -288,7 +293,7 @@ def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     calibrated = _rrun("-np", "2", "--calibrate", "--profile", str(path))
     assert calibrated.returncode == 0, calibrated.stderr[-3000:]
     assert f"saved the profile measured on 2 ranks, 1 host(s) to {path}" in calibrated.stdout
-    profile = cost.load(path)
+    profile = profiles.load(path)
     assert profile.source == str(path) and profile.host.alpha > 0 and profile.combine.memory > 0
     assert set(profile.calls) == {"ring", "halving_doubling", "tree", "mpi", "shm"}
     assert profile.core_cache_bytes == calibration._caches().get(2, 0)
@@ -299,12 +304,12 @@ def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     assert f"cost model profile: {path}" in explained.stdout and "choice for 3 ranks on 1 host(s):" in explained.stdout
     # A job under the saved profile makes the choice --explain showed for its shape.
     table = _choice_job(tmp_path, 3, {"RINGREDUCE_PROFILE": str(path)})
-    assert table == cost.Model(profile, cost.Shape(3)).table("allreduce")
+    assert table == cost.Model(profile, cost.JobShape(3)).table("allreduce")
 
 
 @pytest.mark.mpi
 def test_a_profile_where_the_tree_is_cheapest_runs_the_tree_and_stays_exact(tmp_path):
-    path = cost.save(dataclasses.replace(cost.DEFAULT, calls={**cost.DEFAULT.calls, "mpi": 1.0, "shm": 1.0,
+    path = profiles.save(dataclasses.replace(cost.DEFAULT, calls={**cost.DEFAULT.calls, "mpi": 1.0, "shm": 1.0,
                                                                "ring": 1.0, "halving_doubling": 1.0}),
                      tmp_path / "tree.json")
     table = _choice_job(tmp_path, 3, {"RINGREDUCE_PROFILE": str(path)})
@@ -314,7 +319,7 @@ def test_a_profile_where_the_tree_is_cheapest_runs_the_tree_and_stays_exact(tmp_
 @pytest.mark.mpi
 def test_calibrating_at_init_gives_every_rank_the_same_choice(tmp_path):
     table = _choice_job(tmp_path, 2, {"RINGREDUCE_CALIBRATE": "1", "RINGREDUCE_PROFILE": str(tmp_path / "none")})
-    assert table[0][0] == 0 and all(family in cost.Model(cost.DEFAULT, cost.Shape(2)).candidates("allreduce")
+    assert table[0][0] == 0 and all(family in cost.Model(cost.DEFAULT, cost.JobShape(2)).candidates("allreduce")
                                     for _, family in table)
 
 

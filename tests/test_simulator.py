@@ -18,7 +18,7 @@ CLUSTER = simulator.Cluster(nodes=4, gpus_per_node=4, intra_gbytes=100.0, intra_
 
 def test_an_allreduce_costs_what_the_cost_model_says():
     model = CLUSTER.model()
-    assert model.shape == cost.Shape(16, 4)
+    assert model.shape == cost.JobShape(16, 4)
     seconds, family = CLUSTER.allreduce(64 << 20)
     assert seconds == min(model.allreduce(f, 64 << 20) for f in simulator.FAMILIES)
     assert CLUSTER.allreduce(64 << 20, "ring") == (model.allreduce("ring", 64 << 20), "ring")

@@ -3,27 +3,27 @@ a compressor of the user's own runs around the collective; the built-in fp16 and
 the engine instead."""
 
 import tensorflow as tf
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.numerics.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
 def _casting(to):
-    return wire.casting(to, tf.cast, lambda tensor: tensor.dtype.is_floating)
+    return compressors.casting(to, tf.cast, lambda tensor: tensor.dtype.is_floating)
 
 
-class FP16Compressor(wire.FP16Compressor):
+class FP16Compressor(compressors.FP16Compressor):
     """Floating tensors travel as float16 and come back in their own dtype."""
 
     compress, decompress = _casting(tf.float16)
 
 
-class BF16Compressor(wire.BF16Compressor):
+class BF16Compressor(compressors.BF16Compressor):
     """Floating tensors travel as bfloat16 and come back in their own dtype."""
 
     compress, decompress = _casting(tf.bfloat16)
 
 
-class TopKCompressor(wire.TopK):
+class TopKCompressor(compressors.TopK):
     """Top-k as a tf.IndexedSlices of the flattened tensor, gathered as an embedding's gradient is;
     a vector as it is, averaged."""
 
@@ -66,7 +66,7 @@ class _PerTensorVariables:
             self._variable(store, name, tf.convert_to_tensor(array)).assign(array)
 
 
-class ErrorFeedback(_PerTensorVariables, wire.ErrorFeedback):
+class ErrorFeedback(_PerTensorVariables, compressors.ErrorFeedback):
     """Error feedback (ringreduce.numerics.compression.ErrorFeedback) with its residuals in tf.Variables."""
 
     def compress(self, tensor, name):
@@ -129,4 +129,4 @@ class Compression:
 
 def in_engine(compression):
     """The engine's own compression for the built-ins; None for a compressor of the user's own."""
-    return wire.in_engine(compression, FP16Compressor, BF16Compressor)
+    return compressors.in_engine(compression, FP16Compressor, BF16Compressor)

@@ -25,7 +25,7 @@ import ringreduce as core
 import tensorflow as tf
 from ringreduce import ops, process_sets
 from ringreduce.collectives import grouped_names
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import graph_errors
 from ringreduce.tensorflow.compression import Compression, in_engine
@@ -65,7 +65,7 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
             results[index] = result
     if dense and getattr(compression, "gathers", False):  # top-k: sparse on the wire, gathered; vectors whole
         names = grouped_names(name, len(dense)) if grouped else [name]
-        packed = wire.compress_all(compression, [_value(tensors[i]) for i in dense], names)
+        packed = compressors.compress_all(compression, [_value(tensors[i]) for i in dense], names)
         sparsified = [k for k, (sent, _) in enumerate(packed) if isinstance(sent, tf.IndexedSlices)]
         whole = [k for k in range(len(packed)) if k not in sparsified]
         combined = [None] * len(packed)
@@ -212,9 +212,9 @@ def _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_
                                           postscale_factor=postscale_factor, process_set=process_set)
 
     def forward(ts):
-        if in_engine(compression) is wire.Compression.none:
+        if in_engine(compression) is compressors.Compression.none:
             return run_on_values("reducescatter", name, ts, collective, _rows_unknown(ts))
-        packed = wire.compress_all(compression, ts, grouped_names(name, len(ts)))  # the engine's has no cast
+        packed = compressors.compress_all(compression, ts, grouped_names(name, len(ts)))  # the engine's has no cast
         reduced = run_on_values("reducescatter", name, [t for t, _ in packed], collective, _rows_unknown(ts))
         return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed, strict=True)]
 
@@ -263,8 +263,8 @@ def _compressed(compression, values, names, run):
     engine = in_engine(compression)
     if engine is not None:
         return run(values, engine)
-    packed = wire.compress_all(compression, values, names)
-    results = run([t for t, _ in packed], wire.Compression.none)
+    packed = compressors.compress_all(compression, values, names)
+    results = run([t for t, _ in packed], compressors.Compression.none)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 
 

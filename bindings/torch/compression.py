@@ -5,27 +5,28 @@ the engine instead (the same values, in the same pass that packs the fusion buff
 import numpy as np
 
 import torch
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.numerics.compression import Compressor, NoneCompressor  # noqa: F401 - Horovod's names, here too
 
 
 def _casting(to):
-    return wire.casting(to, lambda tensor, dtype: tensor.to(dtype), lambda tensor: tensor.dtype.is_floating_point)
+    return compressors.casting(to, lambda tensor, dtype: tensor.to(dtype),
+                               lambda tensor: tensor.dtype.is_floating_point)
 
 
-class FP16Compressor(wire.FP16Compressor):
+class FP16Compressor(compressors.FP16Compressor):
     """Floating tensors travel as float16 and come back in their own dtype."""
 
     compress, decompress = _casting(torch.float16)
 
 
-class BF16Compressor(wire.BF16Compressor):
+class BF16Compressor(compressors.BF16Compressor):
     """Floating tensors travel as bfloat16 and come back in their own dtype."""
 
     compress, decompress = _casting(torch.bfloat16)
 
 
-class TopKCompressor(wire.TopK):
+class TopKCompressor(compressors.TopK):
     """Top-k as a sparse COO tensor of the flattened tensor, gathered (indices and values); a
     vector as it is, averaged."""
 
@@ -95,9 +96,9 @@ class Compression:
     bf16 = BF16Compressor
     topk = TopKCompressor
     dgc = DGCCompressor
-    error_feedback = wire.ErrorFeedback  # around any of these (on this framework's tensors) or your own
+    error_feedback = compressors.ErrorFeedback  # around any of these (on this framework's tensors) or your own
 
 
 def in_engine(compression):
     """The engine's own compression for the built-ins; None for a compressor of the user's own."""
-    return wire.in_engine(compression, FP16Compressor, BF16Compressor)
+    return compressors.in_engine(compression, FP16Compressor, BF16Compressor)

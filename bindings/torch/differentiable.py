@@ -8,7 +8,7 @@ import ringreduce as core
 import torch
 from ringreduce import ops
 from ringreduce.collectives import grouped_names
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
@@ -72,7 +72,7 @@ def _compressed(compression, inputs, names, run, engine_compresses=True):
     engine = in_engine(compression)
     if engine is not None and (engine_compresses or engine is in_engine(Compression.none)):
         return run(engine, inputs)
-    packed = wire.compress_all(compression, inputs, names)
+    packed = compressors.compress_all(compression, inputs, names)
     results = run(in_engine(Compression.none), [t for t, _ in packed])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, packed, strict=True)]
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import ringreduce as core
 import torch
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
@@ -102,7 +102,7 @@ class _DistributedOptimizer:
         if self._engine_compression is not None:
             return tensors.engine_allreduce_async_(target, self._op, name, self._prescale, self._postscale,
                                                    self._engine_compression, self._process_set)
-        compressed, ctx = wire.compress(self._compression, target, name)
+        compressed, ctx = compressors.compress(self._compression, target, name)
         if getattr(self._compression, "gathers", False) and compressed.is_sparse:  # top-k; its vectors are dense
             return _SparseAllreduce(compressed, name, self._op, self._process_set,
                                     lambda combined: target.copy_(self._compression.decompress(combined, ctx)))

@@ -10,7 +10,7 @@ import ringreduce as core
 import torch
 from ringreduce import ops
 from ringreduce.machine import gpu
-from ringreduce.numerics import compression as wire
+from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 
 
@@ -173,7 +173,7 @@ def grouped_reducescatter_async(tensors, name=None, op=core.Average, process_set
 
 
 def engine_allreduce_async(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                           compression=wire.Compression.none, process_set=global_process_set):
+                           compression=compressors.Compression.none, process_set=global_process_set):
     """allreduce_async with the op decided and the engine's own compression (for autograd.py)."""
     handle = core.allreduce_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, compression=compression,
@@ -182,7 +182,7 @@ def engine_allreduce_async(tensor, op, name=None, prescale_factor=1.0, postscale
 
 
 def engine_allreduce(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=wire.Compression.none, process_set=global_process_set):
+                     compression=compressors.Compression.none, process_set=global_process_set):
     """engine_allreduce_async(...).wait() as one plain call, which is faster for a small tensor and,
     unnamed, repeats its name so that the response cache knows it (for autograd.py and layers)."""
     result = core.allreduce(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
@@ -196,7 +196,7 @@ def plain_allgather(tensor, name=None, process_set=global_process_set):
 
 
 def engine_allreduce_async_(tensor, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=wire.Compression.none, process_set=global_process_set):
+                            compression=compressors.Compression.none, process_set=global_process_set):
     array = as_array(tensor)
     handle = core.allreduce_async_(tensor=array, op=op, name=name, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor, compression=compression,
@@ -205,7 +205,7 @@ def engine_allreduce_async_(tensor, op, name=None, prescale_factor=1.0, postscal
 
 
 def engine_grouped_allreduce_async(tensors, op, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                   compression=wire.Compression.none, process_set=global_process_set):
+                                   compression=compressors.Compression.none, process_set=global_process_set):
     handle = core.grouped_allreduce_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                           compression=compression, process_set=process_set)

@@ -9,10 +9,10 @@ from ringreduce.algorithms import cost
 from ringreduce.algorithms.device import CudaAwareMpi, CupyApi, Nccl, Staged
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.errors import RingReduceError
 from ringreduce.machine import gpu
-from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.segment import Segment
 from ringreduce.machine.transport import MPITransport
 
 # MPI's own allreduces below this size run as persistent ones (mpi_native.py): there the call
@@ -82,7 +82,7 @@ def plan(config, topology, profile=cost.DEFAULT):
         raise RingReduceError("RINGREDUCE_HIERARCHICAL=1 needs the same number of ranks on every host; "
                               f"this job's hosts run different numbers (this one {topology.local_size})")
     if config.algorithm == "auto":
-        model = cost.Model(profile, cost.Shape(topology.size, topology.hosts, topology.homogeneous))
+        model = cost.Model(profile, cost.JobShape(topology.size, topology.hosts, topology.homogeneous))
         return {**{c: model.table(c, config.hierarchical) for c in cost.COLLECTIVES}, "alltoall": [(0, "ring")]}
     if config.algorithm != "shm":
         return dict.fromkeys(COLLECTIVES, [(0, config.algorithm)])

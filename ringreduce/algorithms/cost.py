@@ -9,15 +9,14 @@ while the working set fits the last-level cache than when it streams from memory
 a host's cores share them, so the host-side work of each slows by ceil(local ranks / cores). A link
 across hosts is shared by the ranks of a host that cross it at the same time.
 
-The numbers come from a Profile: measured on the job's machines (calibration.py, `rrun
---calibrate`), or the one measured on the 2-core machine the project is tested on (DEFAULT).
+The numbers come from a Profile: measured on the job's machines (planning/calibration.py, `rrun
+--calibrate`, saved by planning/profiles.py), or the one measured on the 2-core machine the project
+is tested on (DEFAULT).
 """
 
 import dataclasses
 import json
 import math
-import os
-import pathlib
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "broadcast")
 # The sizes the choice is made at: every power of two up to 16 GiB.
@@ -92,7 +91,7 @@ class Profile:
 
 
 @dataclasses.dataclass(frozen=True)
-class Shape:
+class JobShape:
     """A job as the model sees it: ranks spread evenly over hosts, consecutive ranks on one host."""
 
     ranks: int
@@ -127,7 +126,7 @@ ASSUMED_NETWORK = Link(25e-6, PerByte(8e-10, 8e-10))
 
 
 class Model:
-    """Predicted seconds of each collective under each family, for one Profile and job Shape."""
+    """Predicted seconds of each collective under each family, for one Profile and JobShape."""
 
     def __init__(self, profile, shape, active=None):
         """`active`: the ranks per host at work at once, if fewer than all of them."""
@@ -278,7 +277,7 @@ class Model:
             return self._allreduce_halving_doubling(n, link=self.p.mpi)
         k, ws = self.shape.local, self._working_set(n)
         inside = math.ceil(math.log2(k)) * (2 * self._send(n, False, ws, link=self.p.mpi) + self._combine(n, ws))
-        leaders = Model(self.p, Shape(self.shape.hosts, self.shape.hosts))  # the others wait meanwhile
+        leaders = Model(self.p, JobShape(self.shape.hosts, self.shape.hosts))  # the others wait meanwhile
         return inside + leaders._allreduce_halving_doubling(n, link=self.p.mpi)
 
     # --- the other collectives (n: the bytes of the whole result)
@@ -372,93 +371,3 @@ class Model:
             if not rows or rows[-1][1] != family:
                 rows.append((0 if not rows else size, family))
         return rows
-
-
-def default_path():
-    """Where `rrun --calibrate` saves a profile and jobs look for one: RINGREDUCE_PROFILE, else
-    ~/.cache/ringreduce/profile.json."""
-    return pathlib.Path(os.environ.get("RINGREDUCE_PROFILE") or pathlib.Path.home() / ".cache/ringreduce/profile.json")
-
-
-def usable_cores():
-    """The CPUs this process may run on: a host's cores as a profile counts them (rrun leaves each
-    rank all of its host's CPUs unless asked to bind)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this platform
-        return os.cpu_count() or 1
-
-
-def load(path=None):
-    """The saved profile at `path` (default_path()), or where there is none DEFAULT with this
-    host's cores: whether ranks outnumber the cores is this machine's fact, not the test VM's."""
-    path = pathlib.Path(path) if path else default_path()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return dataclasses.replace(DEFAULT, cores=usable_cores())
-    try:
-        return Profile.from_json(text, source=str(path))
-    except (ValueError, TypeError, KeyError, AttributeError) as error:
-        raise ValueError(f"{path} is not a ringreduce cost profile ({type(error).__name__}: {error}); "
-                         "measure it again with rrun --calibrate, or remove it to use the built-in one") from None
-
-
-def save(profile, path=None):
-    path = pathlib.Path(path) if path else default_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profile.to_json())
-    return path
-
-
-def _bytes_text(n):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n} B"
-
-
-def explain(profile, shape, hierarchical=None):
-    """The profile's parameters and the family the model gives each collective at each size, as
-    `rrun --explain` and `rrun --calibrate` print them."""
-
-    def rate(per_byte):
-        return f"{1 / per_byte / 1e9:.2f} GB/s" if per_byte > 0 else "(hidden by the network)"
-
-    def link(name, value):
-        if value is None:
-            return link(name, ASSUMED_NETWORK) + " (assumed: measured on one host)"
-        text = (f"  {name:9s} alpha {value.alpha * 1e6:.2f} us, {rate(value.beta.cache)} in cache, "
-                f"{rate(value.beta.memory)} beyond")
-        if value.exchange:
-            text += f"; both ways at once {rate(value.exchange.cache)} and {rate(value.exchange.memory)}"
-        if value.fresh:
-            text += f"; {value.fresh * 1e9:.3f} ns a byte more for fresh data in a core's cache"
-        if value.crowded_alpha is not None:
-            text += f"; two ranks on one core: alpha {value.crowded_alpha * 1e6:.1f} us"
-        return text
-
-    def per_byte(name, value):
-        return f"  {name:9s} {rate(value.cache)} in cache, {rate(value.memory)} from memory"
-
-    lines = [f"cost model profile: {profile.source}",
-             link("host", profile.host), link("network", profile.network), link("mpi", profile.mpi),
-             per_byte("reduce", profile.combine), per_byte("copy", profile.copy),
-             f"  barrier   {profile.barrier * 1e6:.2f} us"
-             + (f"; {profile.shm_handover * 1e9:.3f} ns a byte more to read another core's writes"
-                if profile.shm_handover else "") + f"; cache {_bytes_text(profile.cache_bytes)}"
-             + (f", a core's {_bytes_text(profile.core_cache_bytes)}" if profile.core_cache_bytes else "") + "; "
-             f"{profile.cores} cores per host",
-             "  per call  " + ", ".join(f"{name} {seconds * 1e6:.1f} us" for name, seconds in profile.calls.items())]
-    if shape.local > profile.cores:
-        lines += [f"  crowded   {shape.local} ranks per host on {profile.cores} cores take turns on them: their "
-                  "times can move 2-3x between runs, and a probe on fewer ranks predicts them short",
-                  "            (docs/cost_model.md): calibrate on this layout (rrun --calibrate with the job's -np "
-                  "and hosts), or run a rank per core"]
-    lines.append(f"choice for {shape.ranks} ranks on {shape.hosts} host(s):")
-    model = Model(profile, shape)
-    for collective in COLLECTIVES:
-        rows = model.table(collective, hierarchical)
-        spans = [f"{family} from {_bytes_text(start)}" if start else family for start, family in rows]
-        lines.append(f"  {collective:13s} " + ", ".join(spans))
-    return "\n".join(lines)

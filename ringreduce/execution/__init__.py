@@ -1,2 +1,1 @@
-"""Execution: turns an agreed group of requests into calls of an algorithm family, on the host
-(numpy) or on the GPU (CuPy): packing or reading in place, compression, scaling, results."""
+"""Execution: an agreed group of requests turned into calls of an algorithm family, on numpy or CuPy arrays."""

@@ -44,7 +44,7 @@ class Executor:
             return self._allreduce(responses, requests)  # its timeline phases are its own
         started = time.perf_counter()
         if kind == "allreduce":
-            results = self._on_device().allreduce(responses, requests, _wire(responses[0].message))
+            results = self._on_device().allreduce(responses, requests, _sent_dtype(responses[0].message))
             finished = time.perf_counter()
             for response in responses:
                 self.timeline.phase(response.name, "ALLREDUCE", started, finished)
@@ -65,8 +65,8 @@ class Executor:
     def _allreduce(self, responses, requests):
         message = responses[0].message
         op = message.op
-        wire = _wire(message)
-        uncompressed = wire == np.dtype(message.dtype)
+        sent_dtype = _sent_dtype(message)
+        uncompressed = sent_dtype == np.dtype(message.dtype)
         if len(responses) == 1 and uncompressed:
             return self._allreduce_alone(responses[0], requests[0], op)
         counts = [r.message.count for r in responses]
@@ -74,13 +74,14 @@ class Executor:
         new_results = uncompressed and all(r is None or r.output is None for r in requests)
         scale_result = _result_scaler(op, self.size, message.postscale)
         started = time.perf_counter()
-        where_they_lie = uncompressed and self._reads_where_they_lie(requests, message, wire, offsets[-1], new_results)
+        where_they_lie = uncompressed and self._reads_where_they_lie(requests, message, sent_dtype, offsets[-1],
+                                                                     new_results)
         if where_they_lie:
             # The algorithm reads each piece where it lies: nothing is packed at all.
             source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
                                     for m, r in zip(responses, requests, strict=True)])
         else:
-            source = self.fusion_buffer.get(offsets[-1], wire)
+            source = self.fusion_buffer.get(offsets[-1], sent_dtype)
             pack(source, offsets, requests, op,
                  lambda array, piece: reduction.scale(array, message.prescale, out=piece))
         copied_in = time.perf_counter()
@@ -113,12 +114,12 @@ class Executor:
             self.timeline.phase(response.name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
         return outputs
 
-    def _reads_where_they_lie(self, requests, message, wire, count, new_results):
+    def _reads_where_they_lie(self, requests, message, sent_dtype, count, new_results):
         """Can the algorithm read every (uncompressed) input where it lies, and write the results
         there too unless they are all new? Unscaled, contiguous inputs on the shared-memory path;
         and results written into the inputs must not land where another request still reads."""
-        return (message.prescale == 1.0 and self.algorithms.reads_concatenation_at(count * wire.itemsize)
-                and all(r is None or _readable_as(r.input, wire) for r in requests)
+        return (message.prescale == 1.0 and self.algorithms.reads_concatenation_at(count * sent_dtype.itemsize)
+                and all(r is None or _readable_as(r.input, sent_dtype) for r in requests)
                 and (new_results or disjoint([r.input for r in requests if r is not None])))
 
     def _allreduce_alone(self, response, request, op):
@@ -184,7 +185,7 @@ class Executor:
         return None
 
 
-def _wire(message):
+def _sent_dtype(message):
     return compression.wire_dtype(message.compression, message.dtype)
 
 

@@ -1,1 +1,1 @@
-"""Planning a job before it runs: the cluster simulator."""
+"""Planning a job: the cost model's calibration probe, its profile on disk, `explain`, the cluster simulator."""

@@ -68,7 +68,7 @@ class Cluster:
             mpi=cost.Link(self.intra_latency, inside), combine=reduce, copy=inside, barrier=self.intra_latency,
             calls=dict.fromkeys(FAMILIES, self.call_seconds), cache_bytes=1 << 62, cores=self.gpus_per_node,
             shm_piece_bytes=1 << 62, source="cluster description")
-        return cost.Model(profile, cost.Shape(self.gpus, self.nodes))
+        return cost.Model(profile, cost.JobShape(self.gpus, self.nodes))
 
     def allreduce(self, nbytes, family=None):
         """(seconds, family) of one allreduce: under `family`, or the cheapest the model finds."""

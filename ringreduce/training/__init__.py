@@ -1,2 +1,1 @@
-"""Training-level features on top of the collectives: PowerSGD, local SGD, load balancing,
-the gradients of the collectives."""
+"""Training-level features on top of the collectives: PowerSGD, local SGD, load balancing, gradient rules."""

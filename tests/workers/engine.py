@@ -74,7 +74,7 @@ elif mode == "cache":
         handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
         assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
     stats = delta(before)
-    # Plain calls too large to run in program order (program_order.py) go through the engine.
+    # Plain calls too large to run in program order (engine/plain_calls.py) go through the engine.
     large = 20_000
     before = rr.engine_stats()
     for step in range(50):  # one cached name at a time: the steady state needs no gather

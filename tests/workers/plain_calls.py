@@ -1,6 +1,6 @@
 """Plain calls in program order, one mode per run; each rank writes what it got to OUT/rankR.json
 (and OUT/rankR.npz for arrays).
-Usage: program_order.py MODE OUT
+Usage: plain_calls.py MODE OUT
 
 results: plain allreduces of every dtype and op, small (in program order) and large or compressed
   (checked in program order, run by the engine), on the whole job and on a set of the first and

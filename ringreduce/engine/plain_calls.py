@@ -62,7 +62,7 @@ def available(comm, config):
     return bool(comm.allreduce(int(mine), op=MPI.MIN))
 
 
-class ProgramOrder:
+class PlainCalls:
     """The plain calls of one domain on this rank, over a communicator of their own."""
 
     def __init__(self, comm, ranks, engine, where):

@@ -1,4 +1,4 @@
-"""The short probe that fits the cost model (cost.py) to the machines a job runs on: a few
+"""The short probe that fits the cost model (algorithms/cost.py) to the machines a job runs on: a few
 seconds of ping-pongs, reductions, copies, barriers and tiny collectives, collective over the job.
 
     rrun -np 4 -H a:2,b:2 --calibrate        # saves ~/.cache/ringreduce/profile.json
@@ -26,11 +26,14 @@ from mpi4py import MPI
 from ringreduce.algorithms import cost
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
-from ringreduce.algorithms.shared import SharedMemory
+from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.machine import topology
-from ringreduce.machine.shared_memory import Segment
+from ringreduce.machine.cores import usable_cores
+from ringreduce.machine.segment import Segment
 from ringreduce.machine.transport import MPITransport, wait_all
 from ringreduce.ops import ReduceOp
+from ringreduce.planning import profiles
+from ringreduce.planning.explain import explain
 
 IN_CACHE = 2 << 20  # beyond a core's L2, inside the shared L3 of the machines we know
 # MPI's own allreduce in cache, timed at the sizes where the choice weighs it against the others:
@@ -43,7 +46,7 @@ SHM_PROBE = 2 << 20  # the shared-memory allreduce's size in the probe: a few pi
 
 
 def measure(comm, piece_bytes=1 << 20):
-    """(cost.Profile fitted on `comm`'s ranks, their cost.Shape); collective: every rank calls it,
+    """(cost.Profile fitted on `comm`'s ranks, their cost.JobShape); collective: every rank calls it,
     every rank gets the same profile."""
     place, host_comm, cross_comm = topology.discover(comm)
     probe = _Probe(comm, place)
@@ -53,7 +56,7 @@ def measure(comm, piece_bytes=1 << 20):
     # gets a small share of).
     caches = probe.agreed(_caches())
     cache_bytes = probe.agreed(probe.cache_for_arrays(max(caches.values(), default=32 << 20) // 2))
-    cores = probe.agreed(cost.usable_cores())
+    cores = probe.agreed(usable_cores())
     host = probe.link(*probe.host_pair(), (8, IN_CACHE, FROM_MEMORY), cache_bytes)
     network = probe.link(*probe.network_pair(), (8, *ACROSS), cache_bytes) if place.hosts > 1 else None
     combine = probe.per_byte(lambda a, b: np.add(a, b, out=a), cache_bytes)
@@ -70,7 +73,7 @@ def measure(comm, piece_bytes=1 << 20):
     families = _families(comm, segment, cross_comm, place)
     draft = dataclasses.replace(draft, mpi=dataclasses.replace(
         mpi, exchange=probe.mpi_per_byte(families["mpi"], draft, place)))
-    shape = cost.Shape(place.size, place.hosts, place.homogeneous)
+    shape = cost.JobShape(place.size, place.hosts, place.homogeneous)
     model = cost.Model(draft, shape)
     calls = {name: max(0.0, probe.call(family) - getattr(model, "_allreduce_" + name)(8))
              for name, family in families.items()}
@@ -191,7 +194,7 @@ class _Probe:
         tell."""
         if a is None:
             return draft.host.fresh
-        model = cost.Model(draft, cost.Shape(2))
+        model = cost.Model(draft, cost.JobShape(2))
         nbytes = min(1 << 20, max(16 << 10, draft.core_cache_bytes // 8))
         share = model._in_core(nbytes)
         if share == 0:
@@ -298,7 +301,7 @@ class _Probe:
             return 0.0
         measured = self._allreduce_seconds(SharedMemory(segment), SHM_PROBE, 30)
         k = place.local_size
-        predicted = cost.Model(draft, cost.Shape(k))._allreduce_shm(SHM_PROBE)
+        predicted = cost.Model(draft, cost.JobShape(k))._allreduce_shm(SHM_PROBE)
         return max(0.0, measured - predicted) / (2 * (k - 1) / k * SHM_PROBE)
 
     def call(self, family):
@@ -313,7 +316,7 @@ class _Probe:
         the smaller one's, 16-256 MiB came out 2.4-3.1x slow (docs/cost_model.md)."""
         if place.hosts > 1:
             return draft.host.exchange
-        shape = cost.Shape(place.size)
+        shape = cost.JobShape(place.size)
         sizes = (MPI_IN_CACHE, FROM_MEMORY)
         measured = [self._allreduce_seconds(family, n, max(3, min(30, (64 << 20) // n))) for n in sizes]
 
@@ -359,7 +362,7 @@ def _fit(sizes, seconds, working_set, cache_bytes):
 
 
 def main(argv=None):
-    """`python -m ringreduce.algorithms.calibration [--save PATH]`, under rrun (what `rrun
+    """`python -m ringreduce.planning.calibration [--save PATH]`, under rrun (what `rrun
     --calibrate` runs): measure, save on rank 0, print the profile and the choice it makes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", default=None, help="where to save the profile (default: %(default)s)")
@@ -367,9 +370,9 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     profile, shape = measure(comm)
     if comm.rank == 0:
-        path = cost.save(profile, args.save)
+        path = profiles.save(profile, args.save)
         print(f"ringreduce: saved the profile measured on {shape.ranks} ranks, {shape.hosts} host(s) to {path}")
-        print(cost.explain(dataclasses.replace(profile, source=str(path)), shape))
+        print(explain(dataclasses.replace(profile, source=str(path)), shape))
 
 
 if __name__ == "__main__":

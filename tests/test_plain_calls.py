@@ -1,4 +1,4 @@
-"""Plain calls in program order (ringreduce/engine/program_order.py) through the real rrun and MPI: small
+"""Plain calls in program order (ringreduce/engine/plain_calls.py) through the real rrun and MPI: small
 allreduces and barriers run without the engine, everything else is checked there and then run by
 the engine; every result against numpy and the same bit for bit on every rank; a joined rank
 answering; and the ways a wait there ends: a peer blocked elsewhere, a peer that left, a stall."""
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 
 def run(size, mode, tmp_path, env=None, arrays=True):
-    job = run_job(size, "program_order.py", mode, tmp_path, env=env, timeout=90)
+    job = run_job(size, "plain_calls.py", mode, tmp_path, env=env, timeout=90)
     assert job.returncode == 0, job.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(size)]
     got = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(size)] if arrays else None
@@ -85,7 +85,7 @@ def test_a_rank_waiting_in_a_plain_call_is_judged_by_what_it_waits_for(tmp_path)
     _, reports, _ = run(2, "elsewhere", tmp_path, env={"RINGREDUCE_DEADLOCK_TIME": "1"}, arrays=False)
     assert reports[1]["error"].startswith("DeadlockError: deadlock: every rank has been blocked for 1 s")
     assert "rank 0 waits elsewhere" in reports[1]["error"]
-    assert "rank 1 waits in allgather 'only-on-1' (program_order.py:98)" in reports[1]["error"]
+    assert "rank 1 waits in allgather 'only-on-1' (plain_calls.py:98)" in reports[1]["error"]
     assert reports[0] == {"plain": [3.0, 3.0]}
     assert reports[1]["plain"] == [3.0, 3.0]
 
@@ -127,15 +127,15 @@ def test_calls_out_of_step_are_named_with_each_ranks_call_and_where_it_was_made(
     """Pure logic of the check (no MPI): a peer whose packet is of another call number."""
     import pickle
 
-    from ringreduce.engine import program_order
+    from ringreduce.engine import plain_calls
     from ringreduce.engine.agreement import Message
     from ringreduce.errors import MismatchError
 
     mine = Message(name="grad.3", kind="allreduce", dtype="float32", shape=(4,), site="train.py:40")
     theirs = pickle.dumps(Message(name="loss", kind="allreduce", dtype="float32", shape=(1,), site="train.py:52"))
-    buffer = bytearray(program_order._PREFIX.size) + theirs
-    packet = program_order._Packet(peer=1, flags=0, length=len(theirs), calls=7, waited=0.0, buffer=buffer)
-    order = object.__new__(program_order.ProgramOrder)
+    buffer = bytearray(plain_calls._PREFIX.size) + theirs
+    packet = plain_calls._Packet(peer=1, flags=0, length=len(theirs), calls=7, waited=0.0, buffer=buffer)
+    order = object.__new__(plain_calls.PlainCalls)
     order.ranks, order.me, order.where = [0, 1], 0, ""
     with pytest.raises(MismatchError) as raised:
         order._check(mine, pickle.dumps(mine), [packet], number=6)
