@@ -186,10 +186,18 @@ def test_learning_rate_warmup_ramps_from_a_share_to_the_full_rate(misc):
         np.testing.assert_allclose(got["warmup_rates"], expected, rtol=1e-6)
 
 
-def test_a_gradient_missing_on_one_rank_is_an_error_naming_it(misc):
+def test_a_gradient_missing_on_some_ranks_counts_as_zeros_there_and_inside_a_graph_is_an_error(misc):
+    size = len(misc)
     for got in misc:
-        assert got["none_error"].startswith("DistributedGradientTape: the gradient of sometimes")
-        assert "is None on rank 1 but not on rank 0" in got["none_error"]
+        assert got["presence"]["used"] == 3.0
+        assert got["presence"]["sometimes"] == 1.0 / size  # rank 0's 1, the others' zeros, averaged
+        assert got["presence"]["never"] is True
+        table = np.zeros((3, 2))
+        table[2] = 1.0 / size
+        np.testing.assert_allclose(got["presence"]["table"], table)
+        error = got["graph_presence_error"]
+        assert error is not None and "inside a graph, a gradient must be present on every rank or on none" in error
+        assert "sometimes" in error and "None on rank 1 but not on rank 0" in error
 
 
 def test_top_k_sends_each_ranks_largest_entries_and_adds_them_up_and_a_vector_whole(misc):

@@ -244,12 +244,20 @@ def test_lr_scheduler_and_clipping_between_synchronize_and_step(misc):
         assert torch.equal(first[name], second[name]), name
 
 
-def test_an_unused_parameter_does_not_hang(misc):
+def test_a_parameter_unused_on_some_ranks_counts_as_zeros_there_dense_or_sparse(misc):
+    """ringreduce.training.presence's rule: rank 1 contributes zeros (no rows, for the sparse
+    embedding), so the average is rank 0's gradient halved; unused everywhere, grad stays None."""
     job, out = misc
     assert reported(job, 0, "unused") == reported(job, 1, "unused") == [{"never_grad_is_none": True}]
     first, second = load(out / "unused", 0), load(out / "unused", 1)
     for name in first:
         assert torch.equal(first[name], second[name]), name
+    torch.manual_seed(0)
+    modules = [torch.nn.Linear(3, 1) for _ in range(3)] + [torch.nn.Embedding(4, 2, sparse=True)]
+    initial = modules[3].weight.detach().clone()
+    initial[1] -= 3 * 0.1 * 0.5  # three steps of SGD(0.1) on rank 0's gradient (ones), averaged with zeros
+    torch.testing.assert_close(first["embedding.weight"], initial)
+    torch.testing.assert_close(first["never.weight"], modules[2].weight.detach())
 
 
 def test_a_mismatched_model_is_a_clear_error():

@@ -23,7 +23,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's gradients, averaged over ranks."""
         gradients, variables = zip(*self._optimizer.compute_gradients(*args, **kwargs), strict=True)
-        averaged = allreduce_gradients(list(gradients), [v.name for v in variables], name=self.get_name(),
+        averaged = allreduce_gradients(list(gradients), variables, [v.name for v in variables], name=self.get_name(),
                                        **self._combine)
         return list(zip(averaged, variables, strict=True))
 

@@ -7,35 +7,41 @@ import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.errors import ranks_text
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
 from ringreduce.tensorflow.compression import Compression
+from ringreduce.training import presence
 from ringreduce.training.powersgd import PowerSGD
 
 
-def allreduce_gradients(gradients, labels, op=core.Average, compression=Compression.none, name="gradients",
-                        sparse_as_dense=False, gradient_predivide_factor=1.0, process_set=global_process_set):
-    """Gradients combined over the ranks of `process_set`, submitted together so that they fuse. None stays None (a
-    variable no rank's loss touched); a gradient that is None on some ranks only is a ValueError
-    on every rank that names the variable and the ranks (checked before anything is combined).
-    tf.IndexedSlices (from embedding lookups) are gathered, as Horovod does, or made dense first
-    with `sparse_as_dense`. With Average, `gradient_predivide_factor` f divides by f before the
-    sum and by size / f after it. `labels` name the gradients in errors."""
+def allreduce_gradients(gradients, variables, labels, op=core.Average, compression=Compression.none,
+                        name="gradients", sparse_as_dense=False, gradient_predivide_factor=1.0,
+                        process_set=global_process_set):
+    """The gradients of `variables` combined over the ranks of `process_set`, submitted together so
+    that they fuse. A gradient that is None here but not on another rank takes part as zeros, one
+    that is None everywhere stays None (ringreduce.training.presence); inside a graph, whose inputs
+    are fixed when it is built, a gradient None on some ranks only is a ValueError instead that
+    names it and the ranks. tf.IndexedSlices (from embedding lookups) are gathered, as Horovod
+    does, or made dense first with `sparse_as_dense`. With Average, `gradient_predivide_factor` f
+    divides by f before the sum and by size / f after it. `labels` name the gradients in errors."""
     if gradient_predivide_factor != 1.0 and op != core.Average:
         raise ValueError("gradient_predivide_factor needs op=Average")
     if sparse_as_dense:
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-    present = [i for i, g in enumerate(gradients) if g is not None]
-    mask = np.array([[g is not None for g in gradients]], dtype=np.uint8)
-    presence = tensors.allgather(mask, name=f"{name}.present", process_set=process_set)
-    ranks = process_set.ranks
+    kinds = [presence.MISSING if g is None else presence.SPARSE if isinstance(g, tf.IndexedSlices)
+             else presence.DENSE for g in gradients]
+    checked = []
     if tf.executing_eagerly():
-        _check_presence(presence.numpy(), labels, name, ranks)
-        checked = []
+        with tensors.raised_as_tensorflow_errors():
+            matrix = presence.exchanged(kinds, f"{name}.present", process_set)
+            plan = presence.stand_ins(matrix, labels, process_set)
+        gradients = [_stand_in(kind, v) if g is None else g
+                     for g, kind, v in zip(gradients, plan, variables, strict=True)]
     else:
-        checked = [tf.numpy_function(lambda p: _check_presence(p, labels, name, ranks) or np.int8(0), [presence],
-                                     tf.int8, stateful=True)]
+        matrix = tensors.allgather(np.array([kinds], dtype=np.uint8), name=f"{name}.present", process_set=process_set)
+        checked = [tf.numpy_function(lambda m: _same_in_every_graph(m, labels, process_set), [matrix], tf.int8,
+                                     stateful=True)]
+    present = [i for i, g in enumerate(gradients) if g is not None]
     result = list(gradients)
     if present:
         with tf.control_dependencies(checked):
@@ -46,6 +52,25 @@ def allreduce_gradients(gradients, labels, op=core.Average, compression=Compress
         for index, value in zip(present, reduced, strict=True):
             result[index] = value
     return result
+
+
+def _stand_in(kind, variable):
+    """What this rank contributes for a gradient it lacks: zeros, dense or as no slices at all."""
+    if kind == presence.DENSE:
+        return tf.zeros(variable.shape, variable.dtype)
+    if kind == presence.SPARSE:
+        return tf.IndexedSlices(tf.zeros([0, *variable.shape[1:]], variable.dtype), tf.zeros([0], tf.int32),
+                                dense_shape=tf.constant(variable.shape, tf.int64))
+    return None
+
+
+def _same_in_every_graph(matrix, labels, process_set):
+    presence.stand_ins(matrix, labels, process_set)
+    lacking = presence.missing_here(matrix, labels, process_set)
+    if lacking:
+        raise ValueError(f"inside a graph, a gradient must be present on every rank or on none: {lacking}; compute "
+                         "the gradients eagerly, or make every rank's loss depend on the same variables")
+    return np.int8(0)
 
 
 def divided(gradient, size):
@@ -102,18 +127,6 @@ class StaleAverages:
         return last
 
 
-def _check_presence(presence, labels, name, ranks):
-    """presence[r, i]: whether the set's r-th rank (global rank ranks[r]) has gradient i. Raise
-    where ranks disagree."""
-    counts = presence.sum(axis=0)
-    for index in np.flatnonzero((counts > 0) & (counts < len(presence))):
-        missing = [ranks[r] for r in np.flatnonzero(presence[:, index] == 0)]
-        having = [ranks[r] for r in np.flatnonzero(presence[:, index])]
-        raise ValueError(
-            f"{name}: the gradient of {labels[index]} is None on {ranks_text(missing)} but not on "
-            f"{ranks_text(having)}; every rank's loss must depend on the same variables")
-
-
 def check_groups(num_groups, groups):
     """Horovod's explicit gradient groups: checked, and needing nothing more, because the engine
     fuses every gradient that is ready in a cycle."""
@@ -165,8 +178,9 @@ class DistributedGradientTape:
             reduced = powersgd_average(self.compression, [flat[i] for i in shared], [labels[i] for i in shared],
                                        self.process_set)
         else:
-            reduced = allreduce_gradients([flat[i] for i in shared], [labels[i] for i in shared], self.op,
-                                          self.compression, "DistributedGradientTape", self.sparse_as_dense,
+            reduced = allreduce_gradients([flat[i] for i in shared], [flat_sources[i] for i in shared],
+                                          [labels[i] for i in shared], self.op, self.compression,
+                                          "DistributedGradientTape", self.sparse_as_dense,
                                           self.gradient_predivide_factor, self.process_set)
         result = [divided(g, self.process_set.size()) if g is not None and self.scale_local_gradients else g
                   for g in flat]

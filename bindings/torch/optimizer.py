@@ -6,18 +6,17 @@ of the backward pass; step() only waits for what is still in flight.
 import contextlib
 import warnings
 
-import numpy as np
-
 import ringreduce as core
 import torch
 from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
+from ringreduce.training import presence
 from ringreduce.training.powersgd import PowerSGD
 from torch.amp.grad_scaler import OptState
 
-_MASK_NAME = "ringreduce.torch.gradients_present"
+_PRESENCE_NAME = "ringreduce.torch.gradients_present"
 
 
 class _DistributedOptimizer:
@@ -128,25 +127,25 @@ class _DistributedOptimizer:
         the background).
 
         A parameter that got no gradient here but did on another rank takes part with zeros,
-        so no rank waits for it; one that got no gradient anywhere keeps grad None.
+        so no rank waits for it; one that got no gradient anywhere keeps grad None
+        (ringreduce.training.presence, the rule of both bindings).
         """
         if not self._process_set.included():
             self._synchronized = True
             return
         if self._balancer is not None:
             self._balancer.work_done()
-        present = np.array([p in self._handles or (p.grad is not None and self._passes[p] > 0)
-                            for p in self._ordered], dtype=np.uint8)
-        anywhere = core.allreduce(tensor=present, op=core.Max, name=_MASK_NAME, process_set=self._process_set)
+        kinds = [self._kind(p) for p in self._ordered]
+        matrix = presence.exchanged(kinds, _PRESENCE_NAME, self._process_set)
+        plan = presence.stand_ins(matrix, [self._parameter_names[p] for p in self._ordered], self._process_set)
         if self._powersgd is not None:
-            self._average_low_rank(present, anywhere)
+            self._average_low_rank(kinds, plan)
             return
-        for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
-            if somewhere and not local:
-                if parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
+        for parameter, kind, stand_in in zip(self._ordered, kinds, plan, strict=True):
+            if stand_in != presence.MISSING and kind == presence.MISSING:
+                parameter.grad = _stand_in(stand_in, parameter)
                 self._handles[parameter] = self._allreduce(parameter)
-            elif somewhere and parameter not in self._handles:  # fewer passes than per step here
+            elif stand_in != presence.MISSING and parameter not in self._handles:  # fewer passes than per step here
                 self._handles[parameter] = self._allreduce(parameter)
         if self._staleness:
             self._take_last_steps_averages()
@@ -205,14 +204,21 @@ class _DistributedOptimizer:
                                                       device=parameter.device)
         return flat[:parameter.numel()].view_as(parameter)
 
-    def _average_low_rank(self, present, anywhere):
+    def _kind(self, parameter):
+        """What this rank has of `parameter`'s gradient this step (ringreduce.training.presence)."""
+        if parameter not in self._handles and (parameter.grad is None or self._passes[parameter] == 0):
+            return presence.MISSING
+        sparse = parameter.grad.is_sparse and not self._sparse_as_dense
+        return presence.SPARSE if sparse else presence.DENSE
+
+    def _average_low_rank(self, kinds, plan):
         """PowerSGD's averaging of every gradient of the step at once (its factors travel fused,
         so it waits for backward to end: no overlap with it)."""
         named, copies = {}, []
-        for parameter, local, somewhere in zip(self._ordered, present, anywhere, strict=True):
-            if somewhere:
-                if parameter.grad is None or not local:
-                    parameter.grad = torch.zeros_like(parameter)
+        for parameter, kind, stand_in in zip(self._ordered, kinds, plan, strict=True):
+            if stand_in != presence.MISSING:
+                if kind == presence.MISSING:
+                    parameter.grad = _stand_in(stand_in, parameter)
                 if parameter.grad.is_sparse:
                     raise ValueError(f"PowerSGD needs dense gradients; {self._parameter_names[parameter]!r} is sparse")
                 if self._balancer is not None:
@@ -392,3 +398,13 @@ class _SparseAllreduce:
                                            check_invariants=False).coalesce()
         self._finish(combined)
         return combined
+
+
+def _stand_in(kind, parameter):
+    """Zeros for a gradient this rank lacks, as the other ranks have it: dense, or sparse with no
+    rows (an embedding's gradient, the one sparse gradient torch makes, indexes its rows)."""
+    if kind == presence.SPARSE:
+        return torch.sparse_coo_tensor(torch.empty((1, 0), dtype=torch.long, device=parameter.device),
+                                       torch.empty((0, *parameter.shape[1:]), dtype=parameter.dtype,
+                                                   device=parameter.device), parameter.shape)
+    return torch.zeros_like(parameter)

@@ -77,15 +77,30 @@ warm.fit(x_data, y_data, batch_size=x_data.shape[0] // 4, epochs=3, shuffle=Fals
         float(keras.ops.convert_to_numpy(warm.optimizer.learning_rate))))])
 report["warmup_rates"] = rates
 
-# A variable that only rank 0's loss uses: the tape says so on every rank, naming the ranks.
-used, unused = tf.Variable(1.0, name="used"), tf.Variable(2.0, name="sometimes")
+# A variable that only rank 0's loss uses takes part as zeros on rank 1; one no loss uses stays
+# None; an embedding row only rank 0 looks up arrives on every rank as rank 0's slices. Inside a
+# graph, built differently on the ranks, that is an error on every rank naming the ranks.
+used, sometimes, never = tf.Variable(1.0, name="used"), tf.Variable(2.0, name="sometimes"), tf.Variable(5.0)
+table = tf.Variable(tf.ones([3, 2]), name="table")
 with tf.GradientTape() as tape:
-    loss = used * 3.0 + (unused if rank == 0 else 0.0)
+    loss = used * 3.0 + (sometimes + tf.reduce_sum(tf.gather(table, [2])) if rank == 0 else 0.0)
+grads = rr.DistributedGradientTape(tape).gradient(loss, [used, sometimes, never, table])
+report["presence"] = {"used": float(grads[0]), "sometimes": float(grads[1]), "never": grads[2] is None,
+                      "table": tf.convert_to_tensor(grads[3]).numpy().tolist()}
+
+
+@tf.function
+def graph_gradients():
+    with tf.GradientTape() as tape:
+        loss = used * 3.0 + (sometimes if rank == 0 else 0.0)
+    return rr.DistributedGradientTape(tape).gradient(loss, [used, sometimes])
+
+
 try:
-    rr.DistributedGradientTape(tape).gradient(loss, [used, unused])
-    report["none_error"] = None
-except ValueError as error:
-    report["none_error"] = str(error)
+    graph_gradients()
+    report["graph_presence_error"] = None
+except tf.errors.OpError as error:
+    report["graph_presence_error"] = error.message
 
 # Top-k: 2 of each rank's 8 entries travel, gathered and added up; eagerly and in a tf.function.
 sparse = tf.constant(tf_cases.topk_input(rank))

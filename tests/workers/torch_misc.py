@@ -107,13 +107,16 @@ def broadcast():
 def unused():
     torch.manual_seed(0)
     used, sometimes, never = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
-    named = [(f"{m}.{n}", p) for m, mod in (("used", used), ("sometimes", sometimes), ("never", never))
-             for n, p in mod.named_parameters()]
+    embedding = torch.nn.Embedding(4, 2, sparse=True)
+    named = [(f"{m}.{n}", p) for m, mod in (("used", used), ("sometimes", sometimes), ("never", never),
+                                            ("embedding", embedding)) for n, p in mod.named_parameters()]
     opt = rr.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.1), named_parameters=named)
     for _ in range(3):
         opt.zero_grad()
         x = torch.ones(2, 3) * (rank + 1)
-        loss = used(x).sum() + (sometimes(x).sum() if rank == 0 else 0)  # rank 1 never uses it
+        loss = used(x).sum()
+        if rank == 0:  # the other ranks never use these
+            loss = loss + sometimes(x).sum() + embedding(torch.tensor([1])).sum()
         loss.backward()
         opt.step()
     report(never_grad_is_none=never.weight.grad is None)

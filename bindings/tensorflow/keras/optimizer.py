@@ -91,8 +91,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             return stale(result)
         if powersgd is not None:
             return powersgd_average(powersgd, result, labels, process_set)
-        reduced = allreduce_gradients([grads[i] for i in shared], [labels[i] for i in shared], op, compression, label,
-                                      sparse_as_dense, gradient_predivide_factor, process_set)
+        reduced = allreduce_gradients([grads[i] for i in shared], [variables[i] for i in shared],
+                                      [labels[i] for i in shared], op, compression, label, sparse_as_dense,
+                                      gradient_predivide_factor, process_set)
         for index, value in zip(shared, reduced, strict=True):
             result[index] = value
         for index in set(range(len(variables))) - set(shared):
