@@ -70,7 +70,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf_train")
     runs = [*EQUAL_TO_ONE_PROCESS, "local-none", "local-outer1-none", "local-diloco-none", "local-hier-none",
             "local-bf16-none",
-            "fit-stale-none", "fit-stale-plain-none"]
+            "fit-stale-none", "fit-stale-plain-none", "fit-stale-fp16", "fit-stale-own16"]
     job = run_job(2, "tf_train.py", out, *runs, timeout=240)
     assert job.returncode == 0, job.stderr[-3000:]
     return {run: [[got[f"arr_{i}"] for i in range(len(got.files))] for got in
@@ -96,6 +96,18 @@ def test_keras_stale_averaging_applies_the_last_batchs_average(trained, referenc
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, reference, strict=True))
     other = single_process_weights(stale=True, predict=not predict)
     assert not all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(stale, other, strict=True))
+
+
+@pytest.mark.parametrize("compression", ["fp16", "own16"])
+def test_keras_stale_averaging_takes_compression_the_engines_or_ones_own(trained, compression):
+    """The options' one rule (ringreduce.training.options): staleness=1 goes with any compression
+    but PowerSGD and top-k, as in torch."""
+    stale = single_process_weights(stale=True, predict=True)
+    first, second = trained[f"fit-stale-{compression}"]
+    for value, theirs, expected in zip(first, second, stale, strict=True):
+        np.testing.assert_array_equal(value, theirs)
+        np.testing.assert_allclose(value, expected, rtol=2e-2, atol=2e-2)
+    assert any(not np.array_equal(v, e) for v, e in zip(first, trained["fit-stale-none"][0], strict=True))
 
 
 def test_keras_local_sgd_averages_every_second_batch_and_ends_the_same_on_every_rank(trained, reference):

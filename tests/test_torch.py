@@ -264,8 +264,9 @@ def test_a_mismatched_model_is_a_clear_error():
     job = run_job(2, "torch_misc.py", "mismatch", "unused-dir", timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
     for rank in range(2):
-        (got,) = reported(job, rank, "mismatch")
+        got, sparse = reported(job, rank, "mismatch")
         assert "does not match across ranks: shape (3,) on rank 0 but (5,) on rank 1" in got["error"]
+        assert sparse["sparse_error"].startswith("the gradient of embedding.weight is dense on rank 1 but sparse on rank 0")
 
 
 def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(misc):

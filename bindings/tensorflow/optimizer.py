@@ -7,7 +7,8 @@ import ringreduce as core
 import tensorflow as tf
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow.compression import Compression
-from ringreduce.tensorflow.tape import allreduce_gradients, check_groups
+from ringreduce.tensorflow.tape import allreduce_gradients, is_variable
+from ringreduce.training import options
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -47,9 +48,6 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          staleness=0, weight_prediction=True, load_balancer=None):
     """`optimizer` with its gradients averaged over the ranks of `process_set`: a tf.compat.v1.train.Optimizer, or a
     Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
-    check_groups(num_groups, groups)
-    if gradient_predivide_factor != 1.0 and op != core.Average:
-        raise ValueError("gradient_predivide_factor needs op=Average")
     if isinstance(optimizer, keras.optimizers.Optimizer):
         from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer as keras_optimizer
 
@@ -57,13 +55,15 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                gradient_predivide_factor=gradient_predivide_factor, op=op,
                                backward_passes_per_step=backward_passes_per_step,
                                average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
-                               staleness=staleness, weight_prediction=weight_prediction,
-                               load_balancer=load_balancer)
+                               num_groups=num_groups, groups=groups, staleness=staleness,
+                               weight_prediction=weight_prediction, load_balancer=load_balancer)
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise ValueError(f"expected a tf.compat.v1.train.Optimizer or a Keras optimizer, got {optimizer!r}")
     if backward_passes_per_step != 1:
         raise ValueError("backward_passes_per_step > 1 needs a Keras optimizer")
     if staleness or load_balancer is not None:
         raise ValueError("staleness=1 and load balancing need a Keras optimizer")
+    options.check(op, compression, gradient_predivide_factor)
+    options.groups(num_groups, groups, is_variable, "tf.Variable")
     return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
                                  gradient_predivide_factor, process_set)

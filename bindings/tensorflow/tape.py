@@ -3,14 +3,16 @@ the gradient averaging that the Keras and TensorFlow optimizers share."""
 
 import itertools
 
+import keras
 import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
+from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.tensorflow import tensors
-from ringreduce.tensorflow.compression import Compression
-from ringreduce.training import presence
+from ringreduce.tensorflow.compression import Compression, in_engine
+from ringreduce.training import options, presence
 from ringreduce.training.powersgd import PowerSGD
 
 
@@ -33,14 +35,16 @@ def allreduce_gradients(gradients, variables, labels, op=core.Average, compressi
     checked = []
     if tf.executing_eagerly():
         with tensors.raised_as_tensorflow_errors():
-            matrix = presence.exchanged(kinds, f"{name}.present", process_set)
-            plan = presence.stand_ins(matrix, labels, process_set)
+            plan = presence.stand_ins(kinds, labels, f"{name}.present", process_set)
         gradients = [_stand_in(kind, v) if g is None else g
                      for g, kind, v in zip(gradients, plan, variables, strict=True)]
     else:
-        matrix = tensors.allgather(np.array([kinds], dtype=np.uint8), name=f"{name}.present", process_set=process_set)
-        checked = [tf.numpy_function(lambda m: _same_in_every_graph(m, labels, process_set), [matrix], tf.int8,
-                                     stateful=True)]
+        def check(arrays, check_name):
+            presence.check_all_or_none(arrays[0], labels, check_name, process_set)
+            return arrays
+
+        checked = tensors.run_on_values("present", f"{name}.present", [tf.constant(kinds, tf.uint8)], check,
+                                        [tf.TensorShape([len(kinds)])])
     present = [i for i, g in enumerate(gradients) if g is not None]
     result = list(gradients)
     if present:
@@ -62,15 +66,6 @@ def _stand_in(kind, variable):
         return tf.IndexedSlices(tf.zeros([0, *variable.shape[1:]], variable.dtype), tf.zeros([0], tf.int32),
                                 dense_shape=tf.constant(variable.shape, tf.int64))
     return None
-
-
-def _same_in_every_graph(matrix, labels, process_set):
-    presence.stand_ins(matrix, labels, process_set)
-    lacking = presence.missing_here(matrix, labels, process_set)
-    if lacking:
-        raise ValueError(f"inside a graph, a gradient must be present on every rank or on none: {lacking}; compute "
-                         "the gradients eagerly, or make every rank's loss depend on the same variables")
-    return np.int8(0)
 
 
 def divided(gradient, size):
@@ -103,37 +98,44 @@ def powersgd_average(powersgd, gradients, labels, process_set=global_process_set
 
 
 class StaleAverages:
-    """staleness=1 for Keras: each call starts averaging (copies of) this step's gradients over the
-    ranks of `process_set` in the background and gives the last call's averages, zeros at the first
-    call; eagerly or as one graph node. Every gradient must be present (not None)."""
+    """staleness=1 for Keras: each call starts combining (copies of) this step's gradients over the
+    ranks of `process_set` by `op` in the background and gives the last call's results, zeros at
+    the first call; eagerly or as one graph node. Every gradient must be present (not None). The
+    built-in compressions cast in the engine; a compressor of one's own compresses this step's
+    gradients before they leave and decompresses the last step's as they arrive."""
 
     _made = itertools.count()  # each its own request name: an earlier one's last averages may be in flight
 
-    def __init__(self, process_set=global_process_set):
-        self.process_set = process_set
-        self._pending = None  # the handle of the last call's averages
+    def __init__(self, op=core.Average, compression=Compression.none, process_set=global_process_set):
+        self.op, self.process_set = op, process_set
+        self._engine_compression = in_engine(compression)
+        self._compression = compression if self._engine_compression is None else None
+        self._pending = None  # the handle of the last call's results
+        self._last_contexts = None  # the user's compressor's contexts of the last call's gradients
         self._name = f"stale_gradients.{next(self._made)}"
 
     def __call__(self, gradients):
         if any(g is None for g in gradients):
             raise ValueError("staleness=1 needs a gradient for every variable; one is None")
         values = [tf.convert_to_tensor(g) for g in gradients]
-        return tensors.run_on_values("stale", "stale", values, self._exchange, tensors.same_shapes(values))
+        if self._compression is None:
+            return tensors.run_on_values("stale", "stale", values, self._exchange, tensors.same_shapes(values))
+        packed = compressors.compress_all(self._compression, values, [f"{self._name}.{i}" for i in range(len(values))])
+        sent = [t for t, _ in packed]
+        contexts, self._last_contexts = self._last_contexts or [c for _, c in packed], [c for _, c in packed]
+        arrived = tensors.run_on_values("stale", "stale", sent, self._exchange, tensors.same_shapes(sent))
+        return [self._compression.decompress(a, c) for a, c in zip(arrived, contexts, strict=True)]
 
     def _exchange(self, arrays, _):
         last = self._pending.wait() if self._pending is not None else [np.zeros_like(a) for a in arrays]
-        self._pending = core.grouped_allreduce_async_([np.array(a) for a in arrays], op=core.Average,
-                                                      name=self._name, process_set=self.process_set)
+        engine = self._engine_compression or compressors.Compression.none
+        self._pending = core.grouped_allreduce_async_([np.array(a) for a in arrays], op=self.op, name=self._name,
+                                                      compression=engine, process_set=self.process_set)
         return last
 
 
-def check_groups(num_groups, groups):
-    """Horovod's explicit gradient groups: checked, and needing nothing more, because the engine
-    fuses every gradient that is ready in a cycle."""
-    if not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be a whole number of at least 0, got {num_groups!r}")
-    if groups is not None and not (isinstance(groups, list) or (isinstance(groups, int) and groups > 0)):
-        raise ValueError("groups should be a positive number or a list of lists of tf.Variable")
+def is_variable(value):
+    return isinstance(value, (tf.Variable, keras.Variable))
 
 
 class DistributedGradientTape:
@@ -153,11 +155,8 @@ class DistributedGradientTape:
     def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
                  sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=global_process_set, scale_local_gradients=True):
-        check_groups(num_groups, groups)
-        if gradient_predivide_factor != 1.0 and op != core.Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
-        if isinstance(compression, PowerSGD) and op != core.Average:
-            raise ValueError("PowerSGD averages: it takes op=Average")
+        options.check(op, compression, gradient_predivide_factor)
+        options.groups(num_groups, groups, is_variable, "tf.Variable")
         self._tape = gradtape
         self.compression, self.op, self.sparse_as_dense = compression, op, sparse_as_dense
         self.gradient_predivide_factor = gradient_predivide_factor

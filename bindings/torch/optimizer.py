@@ -12,7 +12,7 @@ from ringreduce.numerics import compression as compressors
 from ringreduce.process_sets import global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
-from ringreduce.training import presence
+from ringreduce.training import options, presence
 from ringreduce.training.powersgd import PowerSGD
 from torch.amp.grad_scaler import OptState
 
@@ -29,12 +29,6 @@ class _DistributedOptimizer:
         super().__init__(params)
         self._process_set = process_set
         self._powersgd = compression if isinstance(compression, PowerSGD) else None
-        if self._powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
-            raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
-        if staleness not in (0, 1):
-            raise ValueError(f"staleness must be 0 (synchronous) or 1 (one step stale), got {staleness!r}")
-        if staleness and self._powersgd is not None:
-            raise ValueError("staleness=1 does not combine with PowerSGD, whose averaging waits for the whole backward")
         self._staleness = staleness
         # With staleness: parameter -> (handle or None once arrived, gradient) of the last step's
         # allreduce, in place in the gradient tensor that step's backward made.
@@ -44,20 +38,13 @@ class _DistributedOptimizer:
         # written: a later in-place write, a loaded checkpoint or a broadcast, makes that the true value).
         self._true_weights = {} if staleness and weight_prediction else None
         self._scratches = {}  # (dtype, device) -> a flat buffer as large as the largest such parameter
-        if load_balancer is not None:
-            load_balancer.check_optimizer(process_set, backward_passes_per_step, op)
         self._balancer = load_balancer
         self._compression = Compression.none if self._powersgd is not None else compression
         self._engine_compression = in_engine(self._compression)
         self._sparse_as_dense = sparse_as_dense
         self._op = op
         self._passes_per_step = backward_passes_per_step
-        if op == core.Average:
-            self._prescale, self._postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
-        elif gradient_predivide_factor != 1.0:
-            raise ValueError("gradient_predivide_factor needs op=Average")
-        else:
-            self._prescale = self._postscale = 1.0
+        self._prescale, self._postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)  # Horovod's attribute
         # A rank outside the process set trains alone, as under Horovod: no hooks, no averaging.
         self._ordered = [p for group in self.param_groups for p in group["params"] if p.requires_grad
@@ -136,8 +123,8 @@ class _DistributedOptimizer:
         if self._balancer is not None:
             self._balancer.work_done()
         kinds = [self._kind(p) for p in self._ordered]
-        matrix = presence.exchanged(kinds, _PRESENCE_NAME, self._process_set)
-        plan = presence.stand_ins(matrix, [self._parameter_names[p] for p in self._ordered], self._process_set)
+        plan = presence.stand_ins(kinds, [self._parameter_names[p] for p in self._ordered], _PRESENCE_NAME,
+                                  self._process_set)
         if self._powersgd is not None:
             self._average_low_rank(kinds, plan)
             return
@@ -336,14 +323,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     `load_balancer` (ringreduce's: a `LoadBalancer`, whose `BalancedBatchSampler` gives the
     batches) weights each rank's gradients by its share of the step's batch, so that the average is
     the batch's mean however it was split, and tells it how long this rank computed."""
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-    if num_groups and groups is not None:
-        raise ValueError("give num_groups or groups, not both")
-    if not isinstance(num_groups, int) or num_groups < 0:
-        raise ValueError(f"num_groups must be a whole number of at least 0, got {num_groups!r}")
-    if groups is not None and not (isinstance(groups, int) or all(isinstance(g, (list, tuple)) for g in groups)):
-        raise ValueError("groups must be a number of groups or a list of lists of parameters")
+    options.check(op, compression, gradient_predivide_factor, backward_passes_per_step, staleness, load_balancer,
+                  process_set)
+    options.groups(num_groups, groups, lambda member: isinstance(member, torch.Tensor), "torch.Tensor")
     cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__), {})
     distributed = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                       gradient_predivide_factor, sparse_as_dense, process_set, staleness, weight_prediction,

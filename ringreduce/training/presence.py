@@ -6,9 +6,9 @@ missing on this rank but present on another takes part as zeros here, dense or s
 others' are, so no rank waits for it and the average counts every rank; a gradient missing on
 every rank stays missing (the optimizer skips it, as it would in one process).
 
-Each step the ranks exchange one small row saying what kind of gradient each has (one
-allgather of a few bytes per gradient), fused with nothing else, before any gradient is
-combined.
+Each step the ranks combine one small mask (a plain logical-or allreduce, three flags per
+gradient: dense here, sparse here, missing here) before any gradient is combined; only where it
+shows a conflict do they gather every rank's flags, to name the ranks in the error.
 """
 
 from collections.abc import Sequence
@@ -17,43 +17,60 @@ import numpy as np
 
 from ringreduce import collectives
 from ringreduce.errors import ranks_text
+from ringreduce.ops import Max
 from ringreduce.process_sets import ProcessSet, global_process_set
 
 MISSING, DENSE, SPARSE = 0, 1, 2  # what a rank has of one gradient
 
 
-def exchanged(kinds: Sequence[int], name: str, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    """Every rank's kinds (MISSING, DENSE or SPARSE per gradient), a row per rank of `process_set`."""
-    row = np.asarray([list(kinds)], dtype=np.uint8)
-    return np.asarray(collectives.allgather(row, name=name, process_set=process_set))
-
-
-def stand_ins(matrix: np.ndarray, labels: Sequence[str], process_set: ProcessSet = global_process_set) -> list[int]:
+def stand_ins(kinds: Sequence[int], labels: Sequence[str], name: str,
+              process_set: ProcessSet = global_process_set) -> list[int]:
     """For each gradient, what a rank that lacks it contributes: MISSING where no rank has it (it
     stays missing), else the kind the others have. A gradient dense on some ranks and sparse on
-    others is a ValueError naming it and the ranks (the same on every rank)."""
-    ranks = process_set.ranks
-    plan = []
-    for index, column in enumerate(matrix.T):
-        kinds = set(column.tolist()) - {MISSING}
-        if len(kinds) > 1:
-            dense = [ranks[r] for r in np.flatnonzero(column == DENSE)]
-            sparse = [ranks[r] for r in np.flatnonzero(column == SPARSE)]
-            raise ValueError(f"the gradient of {labels[index]} is dense on {ranks_text(dense)} but sparse on "
-                             f"{ranks_text(sparse)}; make it dense everywhere (sparse_as_dense=True)")
-        plan.append(kinds.pop() if kinds else MISSING)
-    return plan
+    others is a ValueError on every rank naming it and the ranks."""
+    if not len(kinds):
+        return []
+    dense, sparse, _ = _anywhere(kinds, name, process_set)
+    if (dense & sparse).any():
+        every = _every_ranks(kinds, name, process_set)
+        index = int(np.flatnonzero(dense & sparse)[0])
+        raise ValueError(f"the gradient of {labels[index]} is dense on {_ranks(every, index, process_set, DENSE)} "
+                         f"but sparse on {_ranks(every, index, process_set, SPARSE)}; make it dense everywhere "
+                         "(sparse_as_dense=True)")
+    return [DENSE if d else SPARSE if s else MISSING for d, s in zip(dense, sparse, strict=True)]
 
 
-def missing_here(matrix: np.ndarray, labels: Sequence[str], process_set: ProcessSet = global_process_set) -> str:
-    """'w (rank 1 has none; ranks 0, 2 have it)', for gradients that some ranks lack: the errors of
-    the paths that cannot stand in for them (inside a TensorFlow graph, whose inputs are fixed
-    when it is built)."""
+def check_all_or_none(kinds: Sequence[int], labels: Sequence[str], name: str,
+                      process_set: ProcessSet = global_process_set) -> None:
+    """For the paths that cannot stand in for a missing gradient (inside a TensorFlow graph, whose
+    inputs are fixed when it is built): a ValueError on every rank, naming the gradients and the
+    ranks, unless each gradient is present on every rank or on none."""
+    if not len(kinds):
+        return
+    dense, sparse, missing = _anywhere(kinds, name, process_set)
+    partly = np.flatnonzero(missing & (dense | sparse))
+    if not len(partly):
+        return
+    every = _every_ranks(kinds, name, process_set)
+    lacking = "; ".join(f"{labels[i]} (None on {_ranks(every, i, process_set, MISSING)} but not on "
+                        f"{_ranks(every, i, process_set, DENSE, SPARSE)})" for i in partly)
+    raise ValueError(f"inside a graph, a gradient must be present on every rank or on none: {lacking}; compute the "
+                     "gradients eagerly, or make every rank's loss depend on the same variables")
+
+
+def _anywhere(kinds, name, process_set):
+    """(dense on some rank, sparse on some rank, missing on some rank), per gradient."""
+    kinds = np.asarray(list(kinds), dtype=np.uint8)
+    mine = np.concatenate([kinds == DENSE, kinds == SPARSE, kinds == MISSING])
+    anywhere = np.asarray(collectives.allreduce(mine, op=Max, name=name, process_set=process_set))
+    return np.split(anywhere, 3)
+
+
+def _every_ranks(kinds, name, process_set):
+    row = np.asarray([list(kinds)], dtype=np.uint8)
+    return np.asarray(collectives.allgather(row, name=f"{name}.every_rank", process_set=process_set))
+
+
+def _ranks(every, index, process_set, *kinds):
     ranks = process_set.ranks
-    parts = []
-    for index, column in enumerate(matrix.T):
-        if MISSING in column and (column != MISSING).any():
-            lacking = [ranks[r] for r in np.flatnonzero(column == MISSING)]
-            having = [ranks[r] for r in np.flatnonzero(column != MISSING)]
-            parts.append(f"{labels[index]} (None on {ranks_text(lacking)} but not on {ranks_text(having)})")
-    return "; ".join(parts)
+    return ranks_text([ranks[r] for r in np.flatnonzero(np.isin(every[:, index], kinds))])

@@ -7,7 +7,8 @@ A RUN is MODE-COMPRESSION: MODE one of tape, fit, fit2 (backward_passes_per_step
 with an outer SGD of rate 1, and DiLoCo's outer Nesterov), local-bf16 (local, the averages'
 changes as bfloat16), local-hier (HierarchicalLocalSGDCallback {1: 1, 2: 2}: each rank alone after
 every batch, both after every second);
-COMPRESSION a name in rr.Compression, or powersgd."""
+COMPRESSION a name in rr.Compression, powersgd, or own16 (a float16 cast of the user's own, which
+runs around the collective, not in the engine)."""
 
 import os
 import sys
@@ -27,7 +28,19 @@ rr.init()
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+class OwnFloat16:
+    @staticmethod
+    def compress(tensor):
+        return tf.cast(tensor, tf.float16), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, dtype):
+        return tf.cast(tensor, dtype)
+
+
 def compressor(name):
+    if name == "own16":
+        return OwnFloat16
     if name == "powersgd":  # a rank that holds every gradient whole: exactly the plain average
         return rr.PowerSGD(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0)
     return getattr(rr.Compression, name)

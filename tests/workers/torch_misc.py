@@ -131,6 +131,14 @@ def mismatch():
         opt.step()
     except rr.MismatchError as error:
         report(error=str(error))
+    embedding = torch.nn.Embedding(4, 2, sparse=rank == 0)  # a gradient sparse on rank 0 only
+    opt = rr.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.1),
+                                  named_parameters=[("embedding.weight", embedding.weight)])
+    embedding(torch.tensor([1])).sum().backward()
+    try:
+        opt.step()
+    except ValueError as error:
+        report(sparse_error=str(error))
 
 
 def scheduler_and_clipping():

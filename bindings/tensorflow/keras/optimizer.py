@@ -12,11 +12,12 @@ from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import (
     StaleAverages,
     allreduce_gradients,
-    check_groups,
     divided,
+    is_variable,
     local_layer_weights,
     powersgd_average,
 )
+from ringreduce.training import options
 from ringreduce.training.powersgd import PowerSGD
 
 
@@ -52,20 +53,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     var_list, tape=None)` gives Horovod's (gradient, variable) pairs, already averaged:
     `apply_gradients` does not average them again.
     """
+    options.check(op, compression, gradient_predivide_factor, backward_passes_per_step, staleness, load_balancer,
+                  process_set)
+    options.groups(num_groups, groups, is_variable, "tf.Variable")
     powersgd = compression if isinstance(compression, PowerSGD) else None
-    if powersgd is not None and (op != core.Average or gradient_predivide_factor != 1.0):
-        raise ValueError("PowerSGD averages: it takes op=Average and no gradient_predivide_factor")
-    if staleness not in (0, 1):
-        raise ValueError(f"staleness must be 0 (synchronous) or 1 (one step stale), got {staleness!r}")
-    if staleness and (powersgd is not None or op != core.Average or compression is not Compression.none):
-        raise ValueError("staleness=1 averages uncompressed gradients: it takes op=Average and no compression")
-    stale = StaleAverages(process_set) if staleness else None
+    stale = StaleAverages(op, compression, process_set) if staleness else None
     predicts = bool(staleness and weight_prediction)
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
-    if load_balancer is not None:
-        load_balancer.check_optimizer(process_set, backward_passes_per_step, op)
-    check_groups(num_groups, groups)
     loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if loss_scaled and (staleness or powersgd is not None or load_balancer is not None or backward_passes_per_step > 1):
         raise ValueError("a LossScaleOptimizer takes plain averaging here: no staleness, PowerSGD, load_balancer or "
