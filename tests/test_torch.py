@@ -266,7 +266,8 @@ def test_a_mismatched_model_is_a_clear_error():
     for rank in range(2):
         got, sparse = reported(job, rank, "mismatch")
         assert "does not match across ranks: shape (3,) on rank 0 but (5,) on rank 1" in got["error"]
-        assert sparse["sparse_error"].startswith("the gradient of embedding.weight is dense on rank 1 but sparse on rank 0")
+        assert sparse["sparse_error"].startswith(
+            "the gradient of embedding.weight is dense on rank 1 but sparse on rank 0")
 
 
 def test_sync_batch_norm_equals_batch_norm_over_the_whole_batch(misc):
