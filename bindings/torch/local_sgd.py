@@ -38,11 +38,11 @@ class PeriodicModelAverager:
         schedule.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.step = 0
-        self._outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
-        self._compression = None if compression is Compression.none else in_engine(compression)
-        if compression is not Compression.none and self._compression is None:
+        engine_compression = in_engine(compression)
+        if engine_compression is None:
             raise ValueError("a model averager compresses with Compression.fp16 or Compression.bf16")
-        self._last_average = None  # with compression: the model right after the last average
+        outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
+        self._average = schedule.ModelAverage("local_sgd.parameters", engine_compression, outer)
 
     def _set_for(self, step):
         """The set this step averages over, or None when it does not average."""
@@ -56,29 +56,13 @@ class PeriodicModelAverager:
         if process_set is None:
             return None
         parameters = _parameters(params)
-        if self._last_average is None:
-            _average([p.data for p in parameters], process_set, "local_sgd.parameters")
-        else:
-            self._average_changes(parameters, process_set)
-        if self._outer is not None:
-            self._outer.step(parameters)
-        if self._compression is not None and self._last_average is None:
-            self._last_average = [p.detach().clone() for p in parameters]
-        elif self._compression is not None and self._outer is not None:  # the outer step moved the model
-            for last, parameter in zip(self._last_average, parameters, strict=True):
-                last.copy_(parameter)
-        return process_set
-
-    def _average_changes(self, parameters, process_set):
-        """The model since the last average, averaged in the compression's dtype, added to it."""
         with torch.no_grad():
-            changes = [p - last for p, last in zip(parameters, self._last_average, strict=True)]
-            handles = [tensors.engine_allreduce_async_(change, ops.Average, f"local_sgd.changes.{i}",
-                                                       compression=self._compression, process_set=process_set)
-                       for i, change in enumerate(changes)]
-            for parameter, last, change, handle in zip(parameters, self._last_average, changes, handles, strict=True):
-                handle.wait()
-                parameter.copy_(last.add_(change))
+            arrays = [tensors.as_array(p.data) for p in parameters]
+            self._average(arrays, process_set)
+            for parameter, array in zip(parameters, arrays, strict=True):
+                if parameter.dtype == torch.bfloat16:  # as_array's float32 copy: averaged there
+                    parameter.copy_(tensors.as_tensor(array, parameter))
+        return process_set
 
 
 class HierarchicalModelAverager(PeriodicModelAverager):
@@ -141,24 +125,25 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
 
 
 class _OuterStep:
-    """DiLoCo's outer step: a copy of the model as of the last average, moved by an optimizer of
-    its own along the ranks' mean change since then. The first average only sets the copy."""
+    """DiLoCo's outer step for ModelAverage: the torch optimizer `make_optimizer` builds over the
+    anchors (tensors sharing their arrays' memory) steps them along the given changes."""
 
     def __init__(self, make_optimizer):
         self._make_optimizer = make_optimizer
-        self._anchor = self._optimizer = None
+        self._anchors = self._optimizer = None
 
-    def step(self, parameters):
-        if self._anchor is None:
-            self._anchor = [p.detach().clone() for p in parameters]
-            self._optimizer = self._make_optimizer(self._anchor)
-            return
+    def __call__(self, anchors, changes):
+        if self._optimizer is None:
+            self._anchors = [_shared_tensor(a) for a in anchors]
+            self._optimizer = self._make_optimizer(self._anchors)
         with torch.no_grad():
-            for anchor, parameter in zip(self._anchor, parameters, strict=True):
-                anchor.grad = anchor - parameter  # the outer "gradient": the mean change, reversed
+            for anchor, change in zip(self._anchors, changes, strict=True):
+                anchor.grad = _shared_tensor(change)
             self._optimizer.step()
-            for anchor, parameter in zip(self._anchor, parameters, strict=True):
-                parameter.copy_(anchor)
+
+
+def _shared_tensor(array):
+    return torch.from_dlpack(array) if type(array).__module__.split(".")[0] == "cupy" else torch.from_numpy(array)
 
 
 def _parameters(params):

@@ -3,10 +3,15 @@ warm-up averages (gradients, or for an adapter that only sees the model, the mod
 `period`-th step from the end of the warm-up on, starting with its first; hierarchically, over
 groups of ranks that grow with the period. The adapters (ringreduce.torch's PeriodicModelAverager
 and HierarchicalModelAverager, ringreduce.tensorflow.keras's LocalSGDCallback and
-HierarchicalLocalSGDCallback) do the averaging; this is what they share."""
+HierarchicalLocalSGDCallback) hand the model's weights to ModelAverage; the schedule and the
+average itself are what they share."""
 
 import collections
+from collections.abc import Callable
 
+from ringreduce import collectives
+from ringreduce.numerics.compression import Compression
+from ringreduce.ops import Average
 from ringreduce.process_sets import ProcessSet, add_process_set
 
 
@@ -54,3 +59,49 @@ def group_after(groups, step, warmup_steps):
     if step < warmup_steps:
         return None
     return next((group for period, group in groups.items() if (step - warmup_steps) % period == 0), None)
+
+
+class ModelAverage:
+    """One average of a model's weights (numpy or CuPy arrays, changed in place) over a process
+    set, as every local SGD adapter makes it.
+
+    With `compression` (the engine's Compression.fp16 or bf16) each average after the first sends
+    the change since the last average in that dtype: every rank adds the same averaged change to
+    the same last average, so the replicas still hold the same bits, with half the bytes (the
+    first average, which sets that model, goes in full).
+
+    With `outer_step` (DiLoCo, Douillard et al. 2023) each average is a step of an outer
+    optimizer: a copy of the weights as of the last average (the anchor) moves along the ranks'
+    mean change since then, and the weights become the anchor. `outer_step(anchors, changes)`
+    runs the binding's optimizer on the anchors in place, with anchor - weights as its gradient;
+    the first average only sets the anchors."""
+
+    def __init__(self, name: str, compression: object = Compression.none,
+                 outer_step: Callable[[list, list], None] | None = None):
+        self.name, self._compression, self._outer_step = name, compression, outer_step
+        self._last = None  # with compression: the weights right after the last average
+        self._anchors = None  # with an outer step: the anchors
+
+    def __call__(self, weights: list, process_set: ProcessSet, outer: bool = True) -> None:
+        """Average `weights` in place; `outer=False` (a warm-up's average) skips the outer step."""
+        compressed = self._compression is not Compression.none
+        if self._last is None:
+            collectives.grouped_allreduce_(weights, op=Average, name=self.name, process_set=process_set)
+        else:
+            changes = [w - last for w, last in zip(weights, self._last, strict=True)]
+            collectives.grouped_allreduce_(changes, op=Average, name=f"{self.name}.changes",
+                                           compression=self._compression, process_set=process_set)
+            for weight, last, change in zip(weights, self._last, changes, strict=True):
+                last += change
+                weight[...] = last
+        moved = False
+        if self._outer_step is not None and outer:
+            if self._anchors is None:
+                self._anchors = [w.copy() for w in weights]
+            else:
+                self._outer_step(self._anchors, [a - w for a, w in zip(self._anchors, weights, strict=True)])
+                for weight, anchor in zip(weights, self._anchors, strict=True):
+                    weight[...] = anchor
+                moved = True
+        if compressed and (self._last is None or moved):
+            self._last = [w.copy() for w in weights]

@@ -148,11 +148,11 @@ class LocalSGDCallback(keras.callbacks.Callback):
         self.average_optimizer_state = average_optimizer_state
         self.outer_optimizer = outer_optimizer
         self.step = 0
-        self._anchor = None  # with an outer optimizer: the trainable weights as of the last average
-        self._compression = None if compression is Compression.none else in_engine(compression)
-        if compression is not Compression.none and self._compression is None:
+        engine_compression = in_engine(compression)
+        if engine_compression is None:
             raise ValueError("LocalSGDCallback compresses with Compression.fp16 or Compression.bf16")
-        self._last_average = None  # with compression: the weights right after the last average
+        outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
+        self._average = local_sgd.ModelAverage("keras.local_sgd", engine_compression, outer)
 
     def _set_for(self, step):
         """The set to average over after this step, or None."""
@@ -165,42 +165,37 @@ class LocalSGDCallback(keras.callbacks.Callback):
         process_set = self._set_for(step)
         if process_set is None:
             return
-        weights = list(self.model.variables)
-        optimizer = self.model.optimizer
-        in_full = weights if self._last_average is None else []
-        if self.average_optimizer_state and optimizer is not None:
-            in_full = in_full + [v for v in optimizer.variables
-                                 if v.dtype in ("float16", "bfloat16", "float32", "float64")]
-        if self._last_average is not None:
-            self._average_changes(weights, process_set)
-        values = [np.array(v.numpy()) for v in in_full]
-        if values:
-            core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd", process_set=process_set)
-        for variable, value in zip(in_full, values, strict=True):
+        weights = list(self.model.trainable_variables)
+        values = [np.array(v.numpy()) for v in weights]
+        self._average(values, process_set, outer=step >= self.warmup_steps)
+        for variable, value in zip(weights, values, strict=True):
             variable.assign(value)
-        outer = self.outer_optimizer is not None and step >= self.warmup_steps
-        if outer:
-            self._outer_step(self.model.trainable_variables)
-        if self._compression is not None and (self._last_average is None or outer):
-            self._last_average = [np.array(v.numpy()) for v in weights]
+        # The rest in full: the model's other variables (batch normalization's statistics) and the
+        # optimizer's floating state.
+        rest = list(self.model.non_trainable_variables)
+        optimizer = self.model.optimizer
+        if self.average_optimizer_state and optimizer is not None:
+            rest += [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
+        values = [np.array(v.numpy()) for v in rest]
+        if values:
+            core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd.rest", process_set=process_set)
+        for variable, value in zip(rest, values, strict=True):
+            variable.assign(value)
 
-    def _average_changes(self, weights, process_set):
-        """The weights since the last average, averaged in the compression's dtype, added to it."""
-        changes = [np.array(v.numpy()) - last for v, last in zip(weights, self._last_average, strict=True)]
-        core.grouped_allreduce_(changes, op=core.Average, name="keras.local_sgd.changes",
-                                compression=self._compression, process_set=process_set)
-        for variable, last, change in zip(weights, self._last_average, changes, strict=True):
-            last += change
-            variable.assign(last)
 
-    def _outer_step(self, trainable):
-        if self._anchor is None:
-            self._anchor = [keras.Variable(v.numpy(), name=f"anchor_{i}") for i, v in enumerate(trainable)]
-            return
-        change = [anchor.numpy() - v.numpy() for anchor, v in zip(self._anchor, trainable, strict=True)]
-        self.outer_optimizer.apply_gradients(zip(change, self._anchor, strict=True))
-        for anchor, variable in zip(self._anchor, trainable, strict=True):
-            variable.assign(anchor.numpy())
+class _OuterStep:
+    """DiLoCo's outer step for ModelAverage: the Keras optimizer steps variables holding the
+    anchors along the given changes."""
+
+    def __init__(self, optimizer):
+        self._optimizer, self._variables = optimizer, None
+
+    def __call__(self, anchors, changes):
+        if self._variables is None:
+            self._variables = [keras.Variable(a, name=f"anchor_{i}") for i, a in enumerate(anchors)]
+        self._optimizer.apply_gradients(zip(changes, self._variables, strict=True))
+        for anchor, variable in zip(anchors, self._variables, strict=True):
+            anchor[...] = variable.numpy()
 
 
 class HierarchicalLocalSGDCallback(LocalSGDCallback):
