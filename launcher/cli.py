@@ -30,53 +30,41 @@ FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "MPIR_
                       "PSM2_", "HCOLL_")
 RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
 
-# The core's knobs as flags: (flag, variable it sets, type, help, value as the variable holds it).
-KNOBS = (
-    ("--algorithm", "RINGREDUCE_ALGORITHM", click.Choice(config.ALGORITHMS),
-     "Collective algorithms: chosen per collective, size and topology by the cost model, or one family "
-     "for all: the ring, shared memory inside each host, the MPI library's own, recursive halving and "
-     "doubling, the binomial tree [default: auto].", str),
-    ("--profile", "RINGREDUCE_PROFILE", click.Path(dir_okay=False),
-     "The cost model's profile: where --calibrate saves it and jobs read it "
-     "[default: ~/.cache/ringreduce/profile.json].", os.path.abspath),
-    ("--gpu-transport", "RINGREDUCE_GPU_TRANSPORT", click.Choice(config.GPU_TRANSPORTS),
-     "How collectives of GPU arrays travel: NCCL, CUDA-aware MPI or staging through pinned host "
-     "memory [default: auto, the first of these that every rank has].", str),
-    ("--hierarchical-allreduce/--no-hierarchical-allreduce", "RINGREDUCE_HIERARCHICAL", bool,
-     "Across hosts, allreduce through shared memory inside each host and a ring across hosts "
-     "[default: when every host runs the same number of ranks, more than one].",
-     lambda on: "1" if on else "0"),
-    ("--fusion-threshold-mb", "RINGREDUCE_FUSION_THRESHOLD", click.FloatRange(min=0),
-     "Fuse ready allreduces into buffers of up to this many MiB (0: no fusion) [default: 128].",
-     lambda mb: str(int(mb * 1024 * 1024))),
-    ("--cycle-time-ms", "RINGREDUCE_CYCLE_TIME", click.FloatRange(min=0),
-     "Longest wait of a ready request for the engine's next cycle [default: 1].", str),
-    ("--cache-capacity", "RINGREDUCE_CACHE_CAPACITY", click.IntRange(min=0),
-     "Negotiated requests remembered, so repeats cost one bit (0: off) [default: 1024].", str),
-    ("--timeline-filename", "RINGREDUCE_TIMELINE", click.Path(dir_okay=False),
-     "Write a Chrome trace of the engine's work (rank 0) to this file.", os.path.abspath),
-    ("--stall-check-seconds", "RINGREDUCE_STALL_CHECK_TIME", click.FloatRange(min=0),
-     "Warn when ranks wait this long for a request others have not submitted [default: 60].", str),
-    ("--stall-shutdown-seconds", "RINGREDUCE_STALL_SHUTDOWN_TIME", click.FloatRange(min=0),
-     "End the job when such a stall lasts this long [default: never].", str),
-    ("--deadlock-seconds", "RINGREDUCE_DEADLOCK_TIME", click.FloatRange(min=0),
-     "Fail the requests of a deadlock (every rank blocked in a wait this long, with nothing new submitted "
-     "anywhere, for requests others have not submitted) on every rank (0: never) [default: 5].", str),
-    ("--stall-stacks", "RINGREDUCE_STALL_STACKS", None,
-     "With a stall warning, every rank also prints its Python stacks.", lambda on: "1"),
-    ("--straggler-report", "RINGREDUCE_STRAGGLER_REPORT", None,
-     "At shutdown, rank 0 prints which ranks kept the others waiting.", lambda on: "1"),
-)
+def _flag_type(knob):
+    if knob.kind == "choice":
+        return click.Choice(knob.choices)
+    if knob.kind == "text":
+        return click.Path(dir_okay=False)
+    if knob.kind == "float" or knob.flag_unit != 1:  # a flag in larger units may be fractional
+        return click.FloatRange(min=knob.minimum)
+    return click.IntRange(min=int(knob.minimum))
+
+
+def _as_variable(knob, value):
+    """A flag's value as its variable holds it."""
+    if knob.kind == "text":
+        return os.path.abspath(value)
+    if knob.kind == "switch":
+        return "1" if value else "0"
+    if knob.flag_unit != 1:
+        return str(int(value * knob.flag_unit))
+    return str(value)
+
+
+FLAG_KNOBS = [knob for knob in config.KNOBS if knob.flag]
 
 
 def knob_options(command):
-    for flag, _, kind, text, _ in reversed(KNOBS):
-        if kind is None:
-            command = click.option(flag, is_flag=True, default=None, help=text)(command)
-        elif kind is bool:  # an on/off pair: unset unless one of the two is given
-            command = click.option(flag, default=None, help=text)(command)
+    """The core's knobs as rrun's flags (ringreduce.config.KNOBS), each with its default in its help."""
+    for knob in reversed(FLAG_KNOBS):
+        with_default = f"{knob.help} [default: {knob.default_text}]"
+        if knob.kind == "switch" and "/" not in knob.flag:  # on when given
+            option = click.option(knob.flag, is_flag=True, default=None, help=knob.help)
+        elif knob.kind == "switch":  # an on/off pair: unset unless one of the two is given
+            option = click.option(knob.flag, default=None, help=with_default)
         else:
-            command = click.option(flag, type=kind, help=text)(command)
+            option = click.option(knob.flag, type=_flag_type(knob), help=with_default)
+        command = option(command)
     return command
 
 
@@ -316,10 +304,10 @@ def environment(env_items, environ, knobs=None):
     """The variables every rank gets: the forwarded families from here (no secret-looking name,
     never CUDA_VISIBLE_DEVICES), then rrun's flags, then -x NAME[=VALUE] items (the later win)."""
     env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) and not _secret(k)}
-    for flag, variable, _, _, as_text in KNOBS:
-        value = (knobs or {}).get(_knob_name(flag))
+    for knob in FLAG_KNOBS:
+        value = (knobs or {}).get(_knob_name(knob.flag))
         if value is not None:
-            env[variable] = as_text(value)
+            env[knob.variable] = _as_variable(knob, value)
     for item in env_items:
         name, has_value, value = item.partition("=")
         if not name.isidentifier():

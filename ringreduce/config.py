@@ -1,7 +1,7 @@
-"""Every tuning knob in one place, read from RINGREDUCE_* environment variables.
-
-rrun's flags set the same variables, so a job can be tuned either way. Names and defaults
-follow Horovod's where Horovod has the same knob.
+"""Every tuning knob in one place: Config holds each one's default, KNOBS its variable, how it is
+read and checked, and rrun's flag for it with its help text, so that the core's settings and rrun's
+flags come from one table and a job can be tuned either way. Names and defaults follow Horovod's
+where Horovod has the same knob.
 """
 
 import dataclasses
@@ -54,38 +54,91 @@ class Config:
 
     @classmethod
     def from_env(cls, environ=os.environ):
-        algorithm = environ.get("RINGREDUCE_ALGORITHM", cls.algorithm).strip().lower()
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"RINGREDUCE_ALGORITHM={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
-        gpu_transport = environ.get("RINGREDUCE_GPU_TRANSPORT", cls.gpu_transport).strip().lower()
-        if gpu_transport not in GPU_TRANSPORTS:
-            raise ValueError(f"RINGREDUCE_GPU_TRANSPORT={gpu_transport!r} is not one of {', '.join(GPU_TRANSPORTS)}")
-        hierarchical = _switch(environ, "RINGREDUCE_HIERARCHICAL")
-        if hierarchical and algorithm not in ("auto", "shm"):
-            raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not {algorithm}")
-        return cls(
-            algorithm=algorithm,
-            gpu_transport=gpu_transport,
-            pipeline_chunk_bytes=_number(environ, "RINGREDUCE_PIPELINE_CHUNK_BYTES", cls.pipeline_chunk_bytes,
-                                         int, minimum=1),
-            shared_memory_piece_bytes=_number(environ, "RINGREDUCE_SHM_PIECE_BYTES",
-                                              cls.shared_memory_piece_bytes, int, minimum=64),
-            hierarchical=hierarchical,
-            simulated_hosts=_number(environ, "RINGREDUCE_SIMULATED_HOSTS", None, int, minimum=1),
-            cycle_time_ms=_number(environ, "RINGREDUCE_CYCLE_TIME", cls.cycle_time_ms, float, minimum=0),
-            cache_capacity=_number(environ, "RINGREDUCE_CACHE_CAPACITY", cls.cache_capacity, int, minimum=0),
-            fusion_threshold_bytes=_number(environ, "RINGREDUCE_FUSION_THRESHOLD", cls.fusion_threshold_bytes,
-                                           int, minimum=0),
-            timeline=environ.get("RINGREDUCE_TIMELINE") or None,
-            stall_check_seconds=_number(environ, "RINGREDUCE_STALL_CHECK_TIME", cls.stall_check_seconds,
-                                        float, minimum=0),
-            stall_shutdown_seconds=_number(environ, "RINGREDUCE_STALL_SHUTDOWN_TIME", None, float, minimum=0),
-            deadlock_seconds=_number(environ, "RINGREDUCE_DEADLOCK_TIME", cls.deadlock_seconds, float, minimum=0),
-            stall_stacks=bool(_switch(environ, "RINGREDUCE_STALL_STACKS")),
-            straggler_report=bool(_switch(environ, "RINGREDUCE_STRAGGLER_REPORT")),
-            program_order=_switch(environ, "RINGREDUCE_PROGRAM_ORDER") is not False,
-            calibrate=bool(_switch(environ, "RINGREDUCE_CALIBRATE")),
-        )
+        values = {knob.field: knob.read(environ, getattr(cls, knob.field)) for knob in KNOBS if knob.field}
+        if values["hierarchical"] and values["algorithm"] not in ("auto", "shm"):
+            raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not "
+                             f"{values['algorithm']}")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One knob: the Config field it sets (None: read where it is used), its variable, how its
+    value is read and checked, and rrun's flag for it, where there is one. The default is the
+    Config field's; help texts show it (or `shown_default`, where the value alone says too little)."""
+
+    field: str | None
+    variable: str
+    kind: str  # "choice", "int", "float", "switch" or "text"
+    help: str = ""
+    flag: str | None = None
+    choices: tuple = ()
+    minimum: float = 0
+    flag_unit: int = 1  # how many of the variable's units a flag's unit is (MiB -> bytes)
+    shown_default: str | None = None
+
+    def read(self, environ, default):
+        if self.kind == "choice":
+            value = environ.get(self.variable, default).strip().lower()
+            if value not in self.choices:
+                raise ValueError(f"{self.variable}={value!r} is not one of {', '.join(self.choices)}")
+            return value
+        if self.kind in ("int", "float"):
+            return _number(environ, self.variable, default, int if self.kind == "int" else float, self.minimum)
+        if self.kind == "switch":
+            value = _switch(environ, self.variable)
+            return default if value is None else value
+        return environ.get(self.variable) or default
+
+    @property
+    def default_text(self):
+        if self.shown_default is not None:
+            return self.shown_default
+        default = getattr(Config, self.field) if self.field else None
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            return f"{default / self.flag_unit:g}"
+        return str(default)
+
+
+KNOBS = (
+    Knob("algorithm", "RINGREDUCE_ALGORITHM", "choice", flag="--algorithm", choices=ALGORITHMS,
+         help="Collective algorithms: chosen per collective, size and topology by the cost model, or one family "
+              "for all: the ring, shared memory inside each host, the MPI library's own, recursive halving and "
+              "doubling, the binomial tree."),
+    Knob(None, "RINGREDUCE_PROFILE", "text", flag="--profile", shown_default="~/.cache/ringreduce/profile.json",
+         help="The cost model's profile: where --calibrate saves it and jobs read it."),
+    Knob("gpu_transport", "RINGREDUCE_GPU_TRANSPORT", "choice", flag="--gpu-transport", choices=GPU_TRANSPORTS,
+         shown_default="auto, the first of these that every rank has",
+         help="How collectives of GPU arrays travel: NCCL, CUDA-aware MPI or staging through pinned host memory."),
+    Knob("hierarchical", "RINGREDUCE_HIERARCHICAL", "switch",
+         flag="--hierarchical-allreduce/--no-hierarchical-allreduce",
+         shown_default="when every host runs the same number of ranks, more than one",
+         help="Across hosts, allreduce through shared memory inside each host and a ring across hosts."),
+    Knob("fusion_threshold_bytes", "RINGREDUCE_FUSION_THRESHOLD", "int", flag="--fusion-threshold-mb",
+         flag_unit=1 << 20, help="Fuse ready allreduces into buffers of up to this many MiB (0: no fusion)."),
+    Knob("cycle_time_ms", "RINGREDUCE_CYCLE_TIME", "float", flag="--cycle-time-ms",
+         help="Longest wait of a ready request for the engine's next cycle."),
+    Knob("cache_capacity", "RINGREDUCE_CACHE_CAPACITY", "int", flag="--cache-capacity",
+         help="Negotiated requests remembered, so repeats cost one bit (0: off)."),
+    Knob("timeline", "RINGREDUCE_TIMELINE", "text", flag="--timeline-filename", shown_default="none",
+         help="Write a Chrome trace of the engine's work (rank 0) to this file."),
+    Knob("stall_check_seconds", "RINGREDUCE_STALL_CHECK_TIME", "float", flag="--stall-check-seconds",
+         help="Warn when ranks wait this long for a request others have not submitted."),
+    Knob("stall_shutdown_seconds", "RINGREDUCE_STALL_SHUTDOWN_TIME", "float", flag="--stall-shutdown-seconds",
+         shown_default="never", help="End the job when such a stall lasts this long."),
+    Knob("deadlock_seconds", "RINGREDUCE_DEADLOCK_TIME", "float", flag="--deadlock-seconds",
+         help="Fail the requests of a deadlock (every rank blocked in a wait this long, with nothing new "
+              "submitted anywhere, for requests others have not submitted) on every rank (0: never)."),
+    Knob("stall_stacks", "RINGREDUCE_STALL_STACKS", "switch", flag="--stall-stacks",
+         help="With a stall warning, every rank also prints its Python stacks."),
+    Knob("straggler_report", "RINGREDUCE_STRAGGLER_REPORT", "switch", flag="--straggler-report",
+         help="At shutdown, rank 0 prints which ranks kept the others waiting."),
+    Knob("pipeline_chunk_bytes", "RINGREDUCE_PIPELINE_CHUNK_BYTES", "int", minimum=1),
+    Knob("shared_memory_piece_bytes", "RINGREDUCE_SHM_PIECE_BYTES", "int", minimum=64),
+    Knob("simulated_hosts", "RINGREDUCE_SIMULATED_HOSTS", "int", minimum=1),
+    Knob("program_order", "RINGREDUCE_PROGRAM_ORDER", "switch"),
+    Knob("calibrate", "RINGREDUCE_CALIBRATE", "switch"),
+)
 
 
 def _number(environ, name, default, kind, minimum):

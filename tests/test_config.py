@@ -48,3 +48,22 @@ def test_bad_values_are_named(env, message):
     with pytest.raises(ValueError) as caught:
         Config.from_env(env)
     assert str(caught.value).startswith(message)
+
+
+def test_every_setting_is_one_knob_and_every_flag_shows_the_default_the_core_uses():
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from ringreduce.config import KNOBS
+    from ringreduce.launcher import cli
+
+    assert {k.field for k in KNOBS if k.field} == {f.name for f in dataclasses.fields(Config)}
+    assert len({k.variable for k in KNOBS}) == len(KNOBS)
+    shown = " ".join(CliRunner().invoke(cli.main, ["--help"]).output.split())
+    for knob in KNOBS:
+        if knob.flag and not (knob.kind == "switch" and "/" not in knob.flag):
+            assert f"[default: {knob.default_text}]" in shown, knob.flag
+    fusion = next(k for k in KNOBS if k.field == "fusion_threshold_bytes")
+    assert fusion.default_text == str(Config.fusion_threshold_bytes >> 20)
+    assert cli.environment((), {}, {"fusion_threshold_mb": 2.5}) == {"RINGREDUCE_FUSION_THRESHOLD": str(5 << 19)}
