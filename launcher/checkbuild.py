@@ -61,14 +61,16 @@ def _mpi_lines(mpiexec_name):
     elif library:
         lines.append("    [!] no persistent collectives (MPI_Allreduce_init, MPI 4.0) in this MPI: every small "
                      "allreduce is a fresh non-blocking call, several times slower")
-    if library:
-        lines.append(_fault_tolerance_line(library))
     try:
         path = dialects.find_mpiexec(mpiexec_name)
         launcher = dialects.dialect_of(path)
     except LaunchError as error:
         return lines + [f"    [ ] mpiexec: {error.message}"]
     lines.append(f"    [X] mpiexec {path} ({launcher.name})")
+    in_place, why = dialects.shrinks_in_place(path, launcher)
+    lines.append("    [X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm): the survivors of a "
+                 "failed rank of an elastic job go on in place" if in_place
+                 else f"    [ ] fault tolerance (ULFM): {why}; elastic jobs restart their processes")
     linked = dialects.detect(library or "")
     if linked is not None and linked.name != launcher.name:
         lines.append(
@@ -85,23 +87,6 @@ def _has_persistent_collectives():
     from mpi4py import MPI
 
     return hasattr(ctypes.CDLL(MPI.__file__), "MPI_Allreduce_init")  # also searches the library it links
-
-
-def _fault_tolerance_line(library):
-    """Whether this MPI lets the survivors of a failed rank go on in place (ULFM's MPIX_Comm_revoke,
-    MPIX_Comm_shrink, MPIX_Comm_agree), as found on these machines (docs/elastic.md): Open MPI 5
-    built with it, under `mpiexec --with-ft ulfm`, reports a dead peer in half a second and shrinks
-    (rrun's elastic jobs use it); MPICH 5.0.2's wheel has the calls but hangs on a dead peer, or
-    fails an assertion at init with MPIR_CVAR_ENABLE_FT=1."""
-    from mpi4py import MPI
-
-    has_calls = hasattr(ctypes.CDLL(MPI.__file__), "MPIX_Comm_shrink")
-    if has_calls and library.split(" on ", 1)[1].startswith("Open MPI"):
-        return ("    [X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm): the survivors of a "
-                "failed rank of an elastic job go on in place")
-    why = ("its MPIX_Comm_shrink did not work here (MPICH 5.0.2: a dead peer hangs the others)" if has_calls
-           else "no MPIX_Comm_shrink in this MPI")
-    return f"    [ ] fault tolerance (ULFM): {why}; elastic jobs restart their processes"
 
 
 def _mpi_library():

@@ -198,7 +198,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     dialect = dialects.dialect_of(mpiexec)
     if elastic_settings is not None:
         argv_of = functools.partial(dialect.command, mpiexec)
-        in_place = dialects.shrinks_in_place(mpiexec, dialect)
+        in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)
         sys.exit(ElasticRun(elastic_settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place).run())
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])

@@ -192,15 +192,19 @@ def dialect_of(mpiexec):
 
 
 def shrinks_in_place(mpiexec, dialect):
-    """Can this MPI let the survivors of a failed rank go on (ULFM)? Open MPI built with it
+    """(whether this MPI lets the survivors of a failed rank go on in place (ULFM), why not): the
+    one place rrun decides it, for elastic jobs and --check-build alike. Open MPI built with it
     (`ompi_info` beside mpiexec says ft_mpi_support:yes; 5.0's wheel is) does, under `--with-ft
-    ulfm`. MPICH's calls exist but did not work here (docs/elastic.md)."""
+    ulfm`, and reports a dead peer in half a second. MPICH's calls exist, but its 5.0.2 wheel hung
+    on a dead peer here, or failed an assertion at init with MPIR_CVAR_ENABLE_FT=1 (docs/elastic.md)."""
     if dialect.name != "Open MPI":
-        return False
+        return False, f"{dialect.name}'s fault tolerance did not work here (a dead peer hangs the others)"
     info = os.path.join(os.path.dirname(mpiexec), "ompi_info")
     try:
         result = subprocess.run([info, "--parsable"], capture_output=True, text=True, timeout=30,
                                 stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "options:ft_mpi_support:yes" in result.stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return False, f"{info} could not be asked ({error})"
+    if "options:ft_mpi_support:yes" in result.stdout.splitlines():
+        return True, ""
+    return False, "this Open MPI is built without it (ompi_info: ft_mpi_support is not yes)"

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from ringreduce import checkpoint
-from ringreduce.launcher import reach
+from ringreduce.launcher import dialects, reach
 from ringreduce.launcher.cli import environment, fabric_environment, main
 from ringreduce.launcher.supervise import Supervisor
 from ringreduce.runtime import launch_mismatch
@@ -167,7 +167,7 @@ def test_check_build_reports_the_installation():
     assert "[X] mpi4py 4." in result.stdout
     assert "[X] persistent collectives (MPI_Allreduce_init)" in result.stdout  # MPICH 5 has them
     assert "[X] mpiexec " in result.stdout and "(MPICH)" in result.stdout
-    assert "[ ] fault tolerance (ULFM): its MPIX_Comm_shrink did not work here" in result.stdout
+    assert "[ ] fault tolerance (ULFM): MPICH's fault tolerance did not work here" in result.stdout
     assert "Available frameworks:" in result.stdout
     assert "GPU arrays and their transports (the first one checked is the default):\n    [" in result.stdout
 
@@ -179,6 +179,17 @@ def test_check_build_says_open_mpi_5_can_shrink_a_job_in_place():
     assert result.returncode == 0, result.stderr
     assert "on Open MPI v5" in result.stdout
     assert "[X] fault tolerance (ULFM: revoke, shrink, agree; mpiexec --with-ft ulfm)" in result.stdout
+
+
+@pytest.mark.parametrize(("support", "expected"), [("yes", (True, "")), ("no", (False, "built without it"))])
+def test_whether_a_job_shrinks_in_place_is_what_ompi_info_says(tmp_path, support, expected):
+    """The one decision elastic jobs and --check-build share (dialects.shrinks_in_place)."""
+    info = tmp_path / "ompi_info"
+    info.write_text(f"#!/bin/sh\necho options:ft_mpi_support:{support}\n")
+    info.chmod(0o755)
+    in_place, why = dialects.shrinks_in_place(str(tmp_path / "mpiexec"), dialects.OpenMPI())
+    assert in_place == expected[0] and expected[1] in why
+    assert dialects.shrinks_in_place(str(tmp_path / "mpiexec"), dialects.MPICH())[0] is False
 
 
 def fake_mpiexec(tmp_path, version_text):
