@@ -162,6 +162,34 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if explain:
         click.echo(explanation(num_proc, host_list, hostfile, knobs))
         return
+    command = _command(command, calibrate)
+    settings, placement = None, None
+    if host_discovery_script or min_np or max_np:
+        settings = elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, host_discovery_script,
+                                   slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
+                                   heartbeat_seconds, commit_dir)
+    else:
+        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
+    mpiexec = dialects.find_mpiexec(mpiexec_name)
+    dialect = dialects.dialect_of(mpiexec)
+    env = {**fabric_environment(network_interface, net_device), **environment(env_items, os.environ, knobs)}
+    if report_bindings:
+        env[rank.REPORT_BINDINGS_VARIABLE] = "1"
+    job = _job_spec(num_proc, placement, command, env, network_interface, bind_to, map_by, mpi_args)
+    if settings is not None:  # each generation's placement comes from the discovery script
+        in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)
+        argv_of = functools.partial(dialect.command, mpiexec)
+        sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place).run())
+    # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
+    from_slurm = placement is not None and not (host_list or hostfile)
+    if placement and not (dry_run or skip_host_check or from_slurm):
+        reach.check_reachable([host for host, _ in placement])
+    sys.exit(_run_with_restarts(job, functools.partial(dialect.command, mpiexec), restarts, heartbeat_seconds,
+                                verbose, dry_run, grace_seconds))
+
+
+def _command(command, calibrate):
+    """The command every rank runs: the user's, or the calibration probe's for --calibrate."""
     if calibrate:
         if command:
             raise LaunchError("--calibrate runs its own probe: give no command with it")
@@ -169,21 +197,11 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     if not command:
         raise LaunchError("give the command to run, e.g. `rrun -np 2 python train.py`")
     check_command(command)
-    elastic_settings = None
-    if host_discovery_script or min_np or max_np:
-        elastic_settings = elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np,
-                                           host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
-                                           blacklist_cooldown_range, heartbeat_seconds, commit_dir)
-        placement = None  # each generation's, from the discovery script
-    else:
-        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
-    # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
-    from_slurm = placement is not None and not (host_list or hostfile)
-    mpiexec = dialects.find_mpiexec(mpiexec_name)
-    env = {**fabric_environment(network_interface, net_device), **environment(env_items, os.environ, knobs)}
-    if report_bindings:
-        env[rank.REPORT_BINDINGS_VARIABLE] = "1"
-    job = dialects.JobSpec(
+    return command
+
+
+def _job_spec(num_proc, placement, command, env, network_interface, bind_to, map_by, mpi_args):
+    return dialects.JobSpec(
         num_proc=num_proc,
         rank_command=rank.wrapped(num_proc, command),
         placement=placement,
@@ -195,29 +213,27 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         local_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,  # Open MPI's slots: physical cores
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
     )
-    dialect = dialects.dialect_of(mpiexec)
-    if elastic_settings is not None:
-        argv_of = functools.partial(dialect.command, mpiexec)
-        in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)
-        sys.exit(ElasticRun(elastic_settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place).run())
-    if placement and not (dry_run or skip_host_check or from_slurm):
-        reach.check_reachable([host for host, _ in placement])
+
+
+def _run_with_restarts(job, argv_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds):
+    """Run the job (again after a failure, up to `restarts` times), with rrun's heartbeat link
+    where asked; the exit status of its last run."""
     heartbeat = link.LinkServer(heartbeat_seconds) if heartbeat_seconds and not dry_run else None
     try:
         for attempt in range(restarts + 1):
             env = {**job.env, RESTART_VARIABLE: str(attempt),
-                   **(heartbeat.env([host for host, _ in placement or []]) if heartbeat else {})}
-            argv = dialect.command(mpiexec, dataclasses.replace(job, env=env))
+                   **(heartbeat.env([host for host, _ in job.placement or []]) if heartbeat else {})}
+            argv = argv_of(dataclasses.replace(job, env=env))
             if verbose or dry_run:
                 click.echo(shlex.join(masked(argv)), err=not dry_run)
             if dry_run:
-                return
+                return 0
             supervisor = Supervisor(argv, verbose, grace_seconds)
             if heartbeat:
                 heartbeat.watch(supervisor)
             status = supervisor.run()
             if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
-                sys.exit(status)
+                return status
             click.echo(f"rrun: starting the job again ({attempt + 1} of {restarts} restarts) after it failed "
                        f"with status {status}", err=True)
     finally:
