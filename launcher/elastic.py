@@ -115,6 +115,8 @@ class ElasticRun:
         self.set_aside = SetAside(settings.cooldown_range)
         self.job_id = uuid.uuid4().hex[:12]
         self.in_place = in_place
+        self._resets = 0  # generations that failed
+        self._failed_at = None  # when the last generation ended, if it did not end the job
 
     def run(self):
         """Generations until the job is done (0), interrupted, or cannot go on; rrun's exit status."""
@@ -128,60 +130,79 @@ class ElasticRun:
             link_server.close()
 
     def _generations(self, link_server):
-        generation, resets, failed_at = 0, 0, None
+        """Run generation after generation until one ends the job; the job's exit status."""
+        generation = 0
         while True:
             placement = self._placement(self.first_size if generation == 0 else None)
-            size = sum(count for _, count in placement)
-            env = {**self.job.env, protocol.GENERATION_VARIABLE: str(generation),
-                   protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
-            if self.settings.commit_dir:
-                env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
-            rank_command = rank.wrapped(size, self.command)
-            if self.in_place:
-                # Open MPI must see the ranks themselves die, to tell the survivors: no wrapper
-                # (rrun's link tells it of a rank that dies; Open MPI tags the lines).
-                rank_command = list(self.command)
-                env.update({protocol.IN_PLACE_VARIABLE: "1", protocol.WORLD_SIZE_VARIABLE: str(size),
-                            "PYTHONUNBUFFERED": "1"})
-            job = dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command,
-                                      fault_tolerant=self.in_place)
-            _say(f"generation {generation}: {size} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
-            started = len(link_server.messages)
-            survivors = _Survivors(self, placement, link_server) if self.in_place else None
-            supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds, survivors)
-            link_server.watch(supervisor)
-            link_server.on_gone = supervisor.take_report if survivors is not None else None
-            watcher = _HostWatcher(self, placement, link_server)
-            watcher.start()
-            try:
-                status = supervisor.run()
-            finally:
-                watcher.stop()
-            messages = link_server.messages[started:]
-            _say_resumes(messages, ([(failed_at, "the last generation ended")] if failed_at is not None else [])
-                         + [(failed, "the failure") for failed in (survivors.failed_at if survivors else [])])
+            job = self._generation_job(generation, placement, link_server)
+            _say(f"generation {generation}: {job.num_proc} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
+            status, supervisor, messages = self._run_generation(job, placement, link_server)
             if supervisor.interrupted_by is not None:
                 return status
-            resizing = any(m["kind"] == "resizing" for _, _, m in messages)
-            if any(m["kind"] == "done" for _, _, m in messages):  # (mpiexec's status is not 0 after a failure survived)
-                return 0
-            if status == 0 and not resizing:
-                return 0
-            if status == 0:
-                _say("the ranks stopped at a commit to take in the hosts that changed")
-                failed_at = time.time()
-            else:
-                host = placement_host(supervisor.blamed_host(), [name for name, _ in placement])
-                failed_at = supervisor.failed_at() or time.time()
-                resets += 1
-                if self.settings.reset_limit is not None and resets > self.settings.reset_limit:
-                    _say(f"the job failed {resets} times, more than --reset-limit {self.settings.reset_limit}")
-                    return status
-                if host is not None:
-                    seconds = self.set_aside.add(host)
-                    _say(f"setting {host} aside {'for good' if seconds == float('inf') else f'for {seconds:g} s'}"
-                         " and going on without it")
+            ended = self._outcome(status, supervisor, messages, placement)
+            if ended is not None:
+                return ended
             generation += 1
+
+    def _generation_job(self, generation, placement, link_server):
+        """The JobSpec of one generation on `placement`."""
+        size = sum(count for _, count in placement)
+        env = {**self.job.env, protocol.GENERATION_VARIABLE: str(generation),
+               protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
+        if self.settings.commit_dir:
+            env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
+        rank_command = rank.wrapped(size, self.command)
+        if self.in_place:
+            # Open MPI must see the ranks themselves die, to tell the survivors: no wrapper
+            # (rrun's link tells it of a rank that dies; Open MPI tags the lines).
+            rank_command = list(self.command)
+            env.update({protocol.IN_PLACE_VARIABLE: "1", protocol.WORLD_SIZE_VARIABLE: str(size),
+                        "PYTHONUNBUFFERED": "1"})
+        return dataclasses.replace(self.job, num_proc=size, placement=placement, env=env, rank_command=rank_command,
+                                   fault_tolerant=self.in_place)
+
+    def _run_generation(self, job, placement, link_server):
+        """(exit status, its Supervisor, what the ranks said over the link) of one generation."""
+        started = len(link_server.messages)
+        survivors = _Survivors(self, placement, link_server) if self.in_place else None
+        supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds, survivors)
+        link_server.watch(supervisor)
+        link_server.on_gone = supervisor.take_report if survivors is not None else None
+        watcher = _HostWatcher(self, placement, link_server)
+        watcher.start()
+        try:
+            status = supervisor.run()
+        finally:
+            watcher.stop()
+        messages = link_server.messages[started:]
+        events = [(self._failed_at, "the last generation ended")] if self._failed_at is not None else []
+        events += [(failed, "the failure") for failed in (survivors.failed_at if survivors else [])]
+        _say_resumes(messages, events)
+        return status, supervisor, messages
+
+    def _outcome(self, status, supervisor, messages, placement):
+        """The job's exit status where this generation ends it, else None (after setting aside the
+        host a failure blames)."""
+        resizing = any(m["kind"] == "resizing" for _, _, m in messages)
+        if any(m["kind"] == "done" for _, _, m in messages):  # (mpiexec's status is not 0 after a failure survived)
+            return 0
+        if status == 0 and not resizing:
+            return 0
+        if status == 0:
+            _say("the ranks stopped at a commit to take in the hosts that changed")
+            self._failed_at = time.time()
+            return None
+        host = placement_host(supervisor.blamed_host(), [name for name, _ in placement])
+        self._failed_at = supervisor.failed_at() or time.time()
+        self._resets += 1
+        if self.settings.reset_limit is not None and self._resets > self.settings.reset_limit:
+            _say(f"the job failed {self._resets} times, more than --reset-limit {self.settings.reset_limit}")
+            return status
+        if host is not None:
+            seconds = self.set_aside.add(host)
+            _say(f"setting {host} aside {'for good' if seconds == float('inf') else f'for {seconds:g} s'}"
+                 " and going on without it")
+        return None
 
     def _placement(self, wanted):
         """[(host, ranks)] for the next generation: as many as the usable hosts' slots allow (at
