@@ -63,56 +63,62 @@ class Executor:
         return self._device
 
     def _allreduce(self, responses, requests):
+        """A fused group of allreduces: its inputs read where they lie or packed, reduced, the
+        results handed out or written where they go."""
         message = responses[0].message
-        op = message.op
         sent_dtype = _sent_dtype(message)
         uncompressed = sent_dtype == np.dtype(message.dtype)
         if len(responses) == 1 and uncompressed:
-            return self._allreduce_alone(responses[0], requests[0], op)
-        counts = [r.message.count for r in responses]
-        offsets = offsets_of(counts)
+            return self._allreduce_alone(responses[0], requests[0], message.op)
+        offsets = offsets_of([r.message.count for r in responses])
         new_results = uncompressed and all(r is None or r.output is None for r in requests)
-        scale_result = _result_scaler(op, self.size, message.postscale)
         started = time.perf_counter()
         where_they_lie = uncompressed and self._reads_where_they_lie(requests, message, sent_dtype, offsets[-1],
                                                                      new_results)
         if where_they_lie:
             # The algorithm reads each piece where it lies: nothing is packed at all.
-            source = Concatenation([(r.input if r is not None else _identity(m.message, op)).reshape(-1)
+            source = Concatenation([(r.input if r is not None else _identity(m.message, message.op)).reshape(-1)
                                     for m, r in zip(responses, requests, strict=True)])
         else:
             source = self.fusion_buffer.get(offsets[-1], sent_dtype)
-            pack(source, offsets, requests, op,
+            pack(source, offsets, requests, message.op,
                  lambda array, piece: reduction.scale(array, message.prescale, out=piece))
         copied_in = time.perf_counter()
-        if new_results:
-            # Every result is new: reduce straight into one recycled block and hand out views of
-            # it, which saves unpacking a fusion buffer.
-            block = RECYCLER.empty((offsets[-1],), message.dtype)
-            self.algorithms.allreduce(block, op, source, scale_result)
-            reduced = time.perf_counter()
-            outputs = [block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)]
-        else:
-            outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
-            if where_they_lie:
-                # ... and writes each result where it goes (the gradients of a training step, reduced
-                # in place): nothing is unpacked either.
-                self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, scale_result)
-                reduced = time.perf_counter()
-            else:
-                # Compressed, the division waits for the cast back, as it would without compression.
-                self.algorithms.allreduce(source, op, scale_result=scale_result if uncompressed else None)
-                reduced = time.perf_counter()
-                for index, output in enumerate(outputs):
-                    reduction.scale(source[offsets[index]:offsets[index + 1]].reshape(output.shape), 1.0, out=output)
-                    if not uncompressed:
-                        reduction.scale_result(output.reshape(-1), op, self.size, message.postscale)
+        outputs, reduced = self._reduce_fused(responses, requests, source, offsets, new_results, where_they_lie,
+                                              uncompressed)
         done = time.perf_counter()
         for response in responses:
             self.timeline.phase(response.name, "MEMCPY_IN_FUSION_BUFFER", started, copied_in)
             self.timeline.phase(response.name, "ALLREDUCE", copied_in, reduced)
             self.timeline.phase(response.name, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
         return outputs
+
+    def _reduce_fused(self, responses, requests, source, offsets, new_results, where_they_lie, uncompressed):
+        """(the group's results, when the reduction ended), from its fused `source`."""
+        message = responses[0].message
+        op = message.op
+        scale_result = _result_scaler(op, self.size, message.postscale)
+        if new_results:
+            # Every result is new: reduce straight into one recycled block and hand out views of
+            # it, which saves unpacking a fusion buffer.
+            block = RECYCLER.empty((offsets[-1],), message.dtype)
+            self.algorithms.allreduce(block, op, source, scale_result)
+            return ([block[offsets[i]:offsets[i + 1]].reshape(r.message.shape) for i, r in enumerate(responses)],
+                    time.perf_counter())
+        outputs = [_output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
+        if where_they_lie:
+            # ... and writes each result where it goes (the gradients of a training step, reduced in
+            # place): nothing is unpacked either.
+            self.algorithms.allreduce(Concatenation([o.reshape(-1) for o in outputs]), op, source, scale_result)
+            return outputs, time.perf_counter()
+        # Compressed, the division waits for the cast back, as it would without compression.
+        self.algorithms.allreduce(source, op, scale_result=scale_result if uncompressed else None)
+        reduced = time.perf_counter()
+        for index, output in enumerate(outputs):
+            reduction.scale(source[offsets[index]:offsets[index + 1]].reshape(output.shape), 1.0, out=output)
+            if not uncompressed:
+                reduction.scale_result(output.reshape(-1), op, self.size, message.postscale)
+        return outputs, reduced
 
     def _reads_where_they_lie(self, requests, message, sent_dtype, count, new_results):
         """Can the algorithm read every (uncompressed) input where it lies, and write the results
