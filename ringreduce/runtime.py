@@ -1,21 +1,15 @@
 """This process's ringreduce state: init and shutdown, where the process sits (rank(), size()
-and the rest), the engine, and the hooks that make a failing rank end the whole job instead of
-leaving the others waiting.
+and the rest), and its domains (the whole job and each process set), each with its engine.
 """
 
-import atexit
-import itertools
-import os
-import signal
 import sys
-import threading
 
 from mpi4py import MPI
-from mpi4py.run import set_abort_status
 
 from ringreduce.algorithms import choice
 from ringreduce.config import Config
 from ringreduce.engine import plain_calls
+from ringreduce.engine.domain import Domain
 from ringreduce.engine.loop import Engine
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
@@ -23,56 +17,11 @@ from ringreduce.engine.timeline import NoTimeline, Timeline
 from ringreduce.engine.wire import Wire
 from ringreduce.errors import NotInitializedError, RankFailedError, RingReduceError, ranks_text
 from ringreduce.launcher import protocol
-from ringreduce.machine import faults, gpu, topology
+from ringreduce.machine import faults, gpu, launch, topology
 from ringreduce.planning import calibration, profiles
-from ringreduce.resilience import preemption, rrun_link
+from ringreduce.resilience import exit_hooks, preemption, rrun_link
 
 _active = None
-_hooks_installed = False
-
-
-class Domain:
-    """One negotiation domain as this rank runs it: the whole job (set 0) or a process set, with
-    its global ranks, its engine, the communicator of its point-to-point transfers and its plain
-    allreduces in program order (each None where this rank is not a member; `ordered` also where
-    the ranks do not run them so) and the names of its unnamed calls, given per domain so that they
-    agree among the domain's ranks."""
-
-    def __init__(self, set_id, ranks, engine, peer_comm, ordered=None):
-        self.set_id, self.ranks, self.engine, self.peer_comm = set_id, list(ranks), engine, peer_comm
-        self.ordered = ordered
-        self.unnamed_prefix = "noname" if set_id == 0 else f"noname.{set_id}"
-        self._names = itertools.count(1)
-        self._waiting = set()  # the numbers held by unnamed plain calls in flight
-        self._names_lock = threading.Lock()
-        self.checked = {}  # the Messages of plain allreduces that ran in program order, by their arguments
-
-    def remember_checked(self, key, message):
-        if len(self.checked) >= 1024:  # a program that makes ever new calls: keep what recent ones need
-            self.checked.clear()
-        self.checked[key] = message
-
-    def auto_name(self):
-        """An unnamed async call's name: counted, so the calls of every rank pair up in order."""
-        with self._names_lock:
-            number = next(self._names)
-        return f"{self.unnamed_prefix}.{number}"
-
-    def waiting_name(self):
-        """An unnamed plain call's (number, name): the lowest number no other plain call in flight
-        here holds. A thread's plain calls finish one by one, so a loop's unnamed calls repeat the
-        same name, which the response cache then knows (a counted name never comes again)."""
-        with self._names_lock:
-            number = min(set(range(len(self._waiting) + 1)) - self._waiting) if self._waiting else 0
-            self._waiting.add(number)
-        return number, f"{self.unnamed_prefix}.wait.{number}"
-
-    def release(self, numbers):
-        with self._names_lock:
-            self._waiting.difference_update(numbers)
-
-    def describe(self):
-        return f"process set {self.set_id} (ranks {', '.join(map(str, self.ranks))})"
 
 
 def _cost_profile(comm, config):
@@ -131,7 +80,7 @@ class Runtime:
     def _tell_rrun_leaving(self, why):
         """This rank is leaving while others wait for it: no failure by itself, but to blame if
         the others then fail."""
-        _tell_rrun(protocol.status_line(self.topology.rank, 0, left=why))
+        exit_hooks.tell_rrun(protocol.status_line(self.topology.rank, 0, left=why))
 
     def domain(self, process_set=None):
         """The domain of a ProcessSet (None: the whole job), where this rank must be a member."""
@@ -228,7 +177,7 @@ class Runtime:
         self.control.Free()
         if self.config.straggler_report and self.topology.rank == 0:
             stragglers = self.stragglers()
-            print(straggler_table(stragglers.report(), stragglers.cycles), file=sys.stderr, flush=True)
+            print(stragglers.table(), file=sys.stderr, flush=True)
 
     def stragglers(self):
         """The whole job's straggler record: its engine's cycles and its plain calls in program order."""
@@ -268,10 +217,10 @@ def init(comm=None, process_sets=None):
     if _active is not None:
         return
     comm = MPI.COMM_WORLD if comm is None else comm
-    _check_launch(comm)
-    _check_thread_level()
+    launch.check_launch(comm)
+    launch.check_thread_level()
     _active = Runtime(comm, Config.from_env())
-    _install_hooks()
+    exit_hooks.install(active_or_none, shutdown)
     preemption.install()
     rrun_link.connect(_active.topology.rank)
     for process_set in [] if process_sets in (None, "dynamic") else process_sets:
@@ -366,6 +315,10 @@ cross_rank = _where("cross_rank", "This process's host, among the hosts (the ran
 cross_size = _where("cross_size", "The number of ranks with this process's local rank: the hosts that have one.")
 
 
+def active_or_none():
+    return _active
+
+
 def active():
     if _active is None:
         raise NotInitializedError("ringreduce has not been initialized; call ringreduce.init() first")
@@ -392,89 +345,3 @@ def straggler_report():
                       for r, share, late in stragglers.report()]}
 
 
-def straggler_table(rows, cycles):
-    lines = [f"ringreduce straggler report ({cycles} rounds ran collectives):"]
-    for rank, share, late in rows:
-        lines.append(f"  rank {rank} was last in {share:.0%} of rounds, {late * 1000:.1f} ms late on average")
-    if not rows:
-        lines.append("  no rank kept the others waiting")
-    return "\n".join(lines)
-
-
-def _check_launch(comm):
-    """Catch the classic mix-up of a launcher and an mpi4py built on another MPI: each process
-    then starts as a world of its own."""
-    if comm == MPI.COMM_WORLD:
-        problem = launch_mismatch(comm.size, os.environ)
-        if problem:
-            library = MPI.Get_library_version().splitlines()[0].strip()
-            raise RingReduceError(problem.format(library=library))
-
-
-def launch_mismatch(world_size, environ):
-    """What is wrong when the world MPI reports is not the one the launcher started (a message
-    with `{library}` to fill in), or None. rrun says how many ranks it started; without rrun, srun
-    says how many tasks its step has. (When rrun starts Open MPI's daemons through srun, the ranks
-    inherit a step of one task per node: rrun's count is the one that counts then.)"""
-    started = environ.get(protocol.WORLD_SIZE_VARIABLE)
-    if started is not None:
-        return None if int(started) == world_size else (
-            f"rrun started {started} ranks but MPI reports a world of {world_size}: the mpiexec that rrun "
-            "ran belongs to a different MPI than the one mpi4py loaded ({library}). Run `rrun --check-build`, "
-            "and point rrun at the matching mpiexec (--mpiexec or RRUN_MPIEXEC) or rebuild mpi4py against the "
-            "site's MPI (docs/cluster.md).")
-    tasks = environ.get("SLURM_STEP_NUM_TASKS")
-    if tasks is None or "SLURM_PROCID" not in environ or int(tasks) == world_size:
-        return None
-    return (f"srun started {tasks} tasks in this step but MPI reports a world of {world_size}: srun and the MPI "
-            "that mpi4py loaded ({library}) do not share a process-management interface. Start the job with "
-            "`srun --mpi=pmix` (or --mpi=pmi2, whichever the site's MPI was built for; `srun --mpi=list` shows "
-            "what Slurm offers), or with rrun (docs/cluster.md).")
-
-
-def _check_thread_level():
-    """The engine calls MPI from its own thread and from callers' threads that run a cycle, one at
-    a time: the library must allow calls from any thread (MPI_THREAD_SERIALIZED or more)."""
-    provided = MPI.Query_thread()
-    if provided < MPI.THREAD_SERIALIZED:
-        name = "MPI_THREAD_SINGLE" if provided == MPI.THREAD_SINGLE else "MPI_THREAD_FUNNELED"
-        raise RingReduceError(
-            f"MPI was started with {name}, but ringreduce calls MPI from its engine thread and needs "
-            "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE; mpi4py asks for MULTIPLE unless "
-            "mpi4py.rc.thread_level or MPI4PY_RC_THREAD_LEVEL says otherwise")
-
-
-def _install_hooks():
-    """On an uncaught exception, abort the whole MPI job so the other ranks do not wait for
-    this one forever; at a normal exit, shut down cleanly."""
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    previous = sys.excepthook
-
-    def abort_job_on_uncaught(exc_type, exc, traceback):
-        previous(exc_type, exc, traceback)
-        if _active is None or _active.topology.size == 1:
-            return
-        _active.failing = True
-        code = 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
-        if protocol.under_rrun():
-            error = f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins.")
-            _tell_rrun(protocol.status_line(_active.topology.rank, code, error))
-        set_abort_status(code)
-
-    sys.excepthook = abort_job_on_uncaught
-    atexit.register(_shutdown_at_exit)
-
-
-def _tell_rrun(line):
-    """To the process's own stderr, which rrun reads, even where sys.stderr has been replaced."""
-    sys.stderr.flush()
-    sys.__stderr__.buffer.write(line)
-    sys.__stderr__.flush()
-
-
-def _shutdown_at_exit():
-    if _active is not None and not _active.failing:
-        shutdown()

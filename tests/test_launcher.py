@@ -17,7 +17,7 @@ from ringreduce import checkpoint
 from ringreduce.launcher import dialects, reach
 from ringreduce.launcher.cli import environment, fabric_environment, main
 from ringreduce.launcher.supervise import Supervisor
-from ringreduce.runtime import launch_mismatch
+from ringreduce.machine.launch import launch_mismatch
 
 from launch import python_of, rrun_command, run_job
 

@@ -40,11 +40,12 @@ LAYERS = (
     ("foundations", ("ringreduce.config", "ringreduce.ops", "ringreduce.errors")),
 )
 # Start-up, the state exchange, point-to-point transfers, plain allreduces in program order, the cost
-# model's probe, the algorithms and what talks to the machine own MPI objects; the engine loop, the
-# negotiation, fusion, execution and the other public API calls do not.
+# model's probe, the algorithms and what talks to the machine own MPI objects, and the exit hooks ask
+# mpi4py to abort the job; the engine loop, the negotiation, fusion, execution and the other public
+# API calls do not.
 MPI_OWNERS = ("ringreduce.runtime", "ringreduce.point_to_point", "ringreduce.engine.plain_calls",
-              "ringreduce.engine.wire", "ringreduce.planning.calibration", "ringreduce.algorithms",
-              "ringreduce.machine")
+              "ringreduce.engine.wire", "ringreduce.planning.calibration", "ringreduce.resilience.exit_hooks",
+              "ringreduce.algorithms", "ringreduce.machine")
 
 
 def _modules():

@@ -92,6 +92,16 @@ class Stragglers:
                 for r in range(len(self.last)) if self.last[r]]
         return sorted(rows, key=lambda row: -row[1])
 
+    def table(self):
+        """The report as rrun --straggler-report prints it at shutdown."""
+        rows = self.report()
+        lines = [f"ringreduce straggler report ({self.cycles} rounds ran collectives):"]
+        lines += [f"  rank {rank} was last in {share:.0%} of rounds, {late * 1000:.1f} ms late on average"
+                  for rank, share, late in rows]
+        if not rows:
+            lines.append("  no rank kept the others waiting")
+        return "\n".join(lines)
+
 
 class Negotiator:
     def __init__(self, size, cache_capacity, stall_check_seconds=60.0, stall_shutdown_seconds=None,
