@@ -94,4 +94,5 @@ conformance: install
 # ruff, and the direction of imports (tests/test_layers.py states it as a contract that fails).
 lint: install
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_layers.py

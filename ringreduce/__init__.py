@@ -10,6 +10,7 @@ without becoming MPI processes themselves.
 """
 
 import importlib
+import typing
 
 # Re-exported: _EAGER below lists them (numpy-free: rrun and its per-rank wrapper import this
 # package, and numpy's import took half of their start, 80 ms of 160).
@@ -72,6 +73,70 @@ _HOME["Compression"] = "ringreduce.numerics.compression"  # each framework bindi
 WITHOUT_ARRAYS = _EAGER + tuple(name for names in _LAZY_WITHOUT_ARRAYS.values() for name in names)
 
 __all__ = sorted(_EAGER + tuple(_HOME))
+
+if typing.TYPE_CHECKING:  # the names loaded on first use, for type checkers and editors
+    from ringreduce.build import (  # noqa: F401
+        ccl_built,
+        cuda_built,
+        ddl_built,
+        gloo_built,
+        gloo_enabled,
+        mpi_built,
+        mpi_enabled,
+        nccl_built,
+        rocm_built,
+    )
+    from ringreduce.collectives import (  # noqa: F401
+        allgather,
+        allgather_async,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        allreduce_async_,
+        alltoall,
+        alltoall_async,
+        barrier,
+        broadcast,
+        broadcast_,
+        broadcast_async,
+        broadcast_async_,
+        grouped_allgather,
+        grouped_allgather_async,
+        grouped_allreduce,
+        grouped_allreduce_,
+        grouped_allreduce_async,
+        grouped_allreduce_async_,
+        grouped_reducescatter,
+        grouped_reducescatter_async,
+        join,
+        poll,
+        reducescatter,
+        reducescatter_async,
+        stop_requested,
+        synchronize,
+    )
+    from ringreduce.numerics.compression import Compression  # noqa: F401
+    from ringreduce.objects import allgather_object, broadcast_object  # noqa: F401
+    from ringreduce.point_to_point import irecv, isend, recv, send  # noqa: F401
+    from ringreduce.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
+    from ringreduce.runtime import (  # noqa: F401
+        cross_rank,
+        cross_size,
+        engine_stats,
+        init,
+        is_homogeneous,
+        is_initialized,
+        local_rank,
+        local_size,
+        mpi_threads_supported,
+        rank,
+        shutdown,
+        size,
+        start_timeline,
+        stop_timeline,
+        straggler_report,
+    )
+    from ringreduce.training.load_balancing import BalancedBatchSampler, LoadBalancer  # noqa: F401
 
 
 def __getattr__(name):

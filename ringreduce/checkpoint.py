@@ -19,6 +19,7 @@ import re
 import struct
 import sys
 import tempfile
+import typing
 
 from ringreduce import runtime
 from ringreduce.errors import CorruptCheckpointError
@@ -37,7 +38,8 @@ def rank_path_for(directory, step, rank, size):
     return os.path.join(directory, f"checkpoint-{step:09d}.rank{rank}-of-{size}.rr")
 
 
-def save(state, directory, step, keep=3, rank_state=None):
+def save(state: typing.Any, directory: str | os.PathLike, step: int, keep: int = 3,
+         rank_state: typing.Any = None) -> str | None:
     """On rank 0: write `state` as the checkpoint of `step` and keep the newest `keep`. Other
     ranks return at once (call it on every rank, as the state of every rank is the same), unless
     `rank_state` is given: then every rank writes its own, beside it, and keeps its newest `keep`."""
@@ -84,7 +86,7 @@ def write_pickled(payload, target):
     _fsync_directory(directory)
 
 
-def load_latest(directory, root_rank=0):
+def load_latest(directory: str | os.PathLike, root_rank: int = 0) -> tuple[int | None, typing.Any]:
     """(step, state) of the newest intact checkpoint in `directory`, read on `root_rank` and
     broadcast to every rank; (None, None) when there is none. Call it on every rank."""
     found = (None, None)
@@ -98,7 +100,7 @@ def load_latest(directory, root_rank=0):
     return broadcast_object(found, root_rank=root_rank, name=f"checkpoint.load.{directory}")
 
 
-def load_rank_state(directory, step):
+def load_rank_state(directory: str | os.PathLike, step: int) -> typing.Any:
     """This rank's own state saved with checkpoint `step`, where every rank of the job has its
     own intact (same size as when saved); else None on every rank, and rank 0 says why. Call it on
     every rank."""

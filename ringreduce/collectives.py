@@ -9,8 +9,10 @@ not change until the handle is done. The in-place forms write into the array the
 
 import threading
 import typing
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ringreduce import ops, runtime
 from ringreduce.engine.agreement import Message
@@ -20,55 +22,67 @@ from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine import backends, gpu
 from ringreduce.numerics import arrays, reduction
 from ringreduce.numerics import compression as compressions
-from ringreduce.numerics.compression import Compression
+from ringreduce.numerics.arrays import Array
+from ringreduce.numerics.compression import Compression, CompressorLike
 from ringreduce.ops import Average
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.resilience import preemption
 
 
-def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=Compression.none, process_set=global_process_set):
+def allreduce_async(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    compression: CompressorLike = Compression.none,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
     element-wise; every rank gets the result."""
     return _submit("allreduce", name, lambda domain: _reduction(
         tensor, op, prescale_factor, postscale_factor, compression, in_place=False), process_set)
 
 
-def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=Compression.none, process_set=global_process_set):
+def allreduce_async_(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     compression: CompressorLike = Compression.none,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """allreduce_async that writes the result into `tensor` (writeable and C-contiguous)."""
     return _submit("allreduce", name, lambda domain: _reduction(
         tensor, op, prescale_factor, postscale_factor, compression, in_place=True), process_set)
 
 
-def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                            compression=Compression.none, process_set=global_process_set):
+def grouped_allreduce_async(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            compression: CompressorLike = Compression.none,
+                            process_set: ProcessSet = global_process_set) -> Handle:
     """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
     return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression,
                                                  process_set), tensors, name, process_set)
 
 
-def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                             compression=Compression.none, process_set=global_process_set):
+def grouped_allreduce_async_(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             compression: CompressorLike = Compression.none,
+                             process_set: ProcessSet = global_process_set) -> Handle:
     """grouped_allreduce_async that writes each result into its array."""
     return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression,
                                                   process_set), tensors, name, process_set)
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+def grouped_allgather_async(tensors: Sequence[ArrayLike], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
     """allgather of several arrays submitted together; the handle gives a list."""
     return _grouped(lambda t, n: allgather_async(t, n, process_set), tensors, name, process_set)
 
 
-def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                                process_set=global_process_set):
+def grouped_reducescatter_async(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> Handle:
     """reducescatter of several arrays submitted together; the handle gives a list."""
     return _grouped(lambda t, n: reducescatter_async(t, op, n, prescale_factor, postscale_factor, process_set),
                     tensors, name, process_set)
 
 
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                        process_set=global_process_set):
+def reducescatter_async(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> Handle:
     """Combine the arrays of all ranks and give each rank its share of the first dimension, split
     as evenly as possible with the first ranks taking one more row (as Horovod)."""
     return _submit("reducescatter", name, lambda domain: _reduction(
@@ -76,26 +90,29 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
         Compression.none, in_place=False), process_set)
 
 
-def allgather_async(tensor, name=None, process_set=global_process_set):
+def allgather_async(tensor: ArrayLike, name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
     """Concatenate the arrays of all ranks along the first dimension, which may differ by rank."""
     return _submit("allgather", name, lambda domain: _gathered(_with_rows(arrays.as_array(tensor), "allgather")),
                    process_set)
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_async(tensor: ArrayLike, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Every rank gets a copy of the root rank's array (`root_rank` is a rank of the job, as in
     Horovod, also with a process set)."""
     return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=False),
                    process_set)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_async_(tensor: ArrayLike, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """broadcast_async into `tensor` (writeable and C-contiguous) on every rank."""
     return _submit("broadcast", name, lambda domain: _broadcast(tensor, root_rank, domain, in_place=True),
                    process_set)
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
+def alltoall_async(tensor: ArrayLike, splits: ArrayLike | None = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set, return_splits: bool | None = None) -> Handle:
     """Send block j of the first dimension to rank j; receive and concatenate one block per rank.
 
     Without `splits` the first dimension is divided equally. With `splits` (rows per
@@ -107,68 +124,80 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _submit("alltoall", name, lambda domain: _alltoall(tensor, splits, domain, pair), process_set)
 
 
-def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              compression=Compression.none, process_set=global_process_set):
+def allreduce(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, compression: CompressorLike = Compression.none,
+              process_set: ProcessSet = global_process_set) -> Array:
     return _plain_allreduce(allreduce_async, tensor, op, name, prescale_factor, postscale_factor, compression,
                             process_set, in_place=False)
 
 
-def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=Compression.none, process_set=global_process_set):
+def allreduce_(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, compression: CompressorLike = Compression.none,
+               process_set: ProcessSet = global_process_set) -> Array:
     return _plain_allreduce(allreduce_async_, tensor, op, name, prescale_factor, postscale_factor, compression,
                             process_set, in_place=True)
 
 
-def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                      compression=Compression.none, process_set=global_process_set):
+def grouped_allreduce(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      compression: CompressorLike = Compression.none,
+                      process_set: ProcessSet = global_process_set) -> list[Array]:
     return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
                                                           compression, process_set), process_set, in_order=False)
 
 
-def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=Compression.none, process_set=global_process_set):
+def grouped_allreduce_(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       compression: CompressorLike = Compression.none,
+                       process_set: ProcessSet = global_process_set) -> list[Array]:
     return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
                                                            compression, process_set), process_set, in_order=False)
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[ArrayLike], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[Array]:
     return _synchronously(lambda: grouped_allgather_async(tensors, name, process_set), process_set, in_order=False)
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                          process_set=global_process_set):
+def grouped_reducescatter(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set) -> list[Array]:
     return _synchronously(lambda: grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor,
                                                               process_set), process_set, in_order=False)
 
 
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                  process_set=global_process_set):
+def reducescatter(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> Array:
     return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
                                                       process_set), process_set)
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
+def allgather(tensor: ArrayLike, name: str | None = None, process_set: ProcessSet = global_process_set) -> Array:
     return _synchronously(lambda: allgather_async(tensor, name, process_set), process_set)
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast(tensor: ArrayLike, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Array:
     return _synchronously(lambda: broadcast_async(tensor, root_rank, name, process_set), process_set)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_(tensor: ArrayLike, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> Array:
     return _synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set), process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set, return_splits=None):
+def alltoall(tensor: ArrayLike, splits: ArrayLike | None = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set,
+             return_splits: bool | None = None) -> Array | tuple[Array, Array]:
     return _synchronously(lambda: alltoall_async(tensor, splits, name, process_set, return_splits), process_set)
 
 
-def barrier(process_set=global_process_set):
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return only when every rank (of `process_set`) has called barrier."""
     _synchronously(lambda: _submit("barrier", None, lambda domain: ({}, {}), process_set), process_set)
 
 
-def join(device=-1, process_set=global_process_set):
+def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
     """Say this rank has no more data. Until every rank (of `process_set`: an extension, Horovod's
     join has none) has joined, it takes part in the others' allreduces with the op's identity
     (zero for Sum and Average), so they do not hang. Returns the rank that joined last. Average
@@ -186,7 +215,7 @@ def join(device=-1, process_set=global_process_set):
     return domain.ranks[handle.wait()]
 
 
-def stop_requested():
+def stop_requested() -> bool:
     """True on every rank once any rank has been told to stop (SIGUSR1, which rrun passes on from a
     scheduler's preemption notice; SIGTERM too once the program has asked). A collective: every
     rank calls it at the same point, every N steps say, and on True commits a checkpoint and
@@ -195,12 +224,12 @@ def stop_requested():
     return bool(allreduce(flag, op=ops.Max, name="ringreduce.stop_requested")[0])
 
 
-def poll(handle):
+def poll(handle: Handle) -> bool:
     """True once the request behind `handle` is done (synchronize will not wait)."""
     return handle.done()
 
 
-def synchronize(handle):
+def synchronize(handle: Handle) -> typing.Any:
     """Wait for the request behind `handle`; return its result or raise its error."""
     return handle.wait()
 

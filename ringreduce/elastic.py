@@ -24,6 +24,8 @@ import functools
 import os
 import pickle
 import sys
+import typing
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -34,15 +36,17 @@ from ringreduce.objects import broadcast_object
 from ringreduce.ops import Max
 from ringreduce.resilience import commit_store, rrun_link
 
+T = typing.TypeVar("T")
+
 
 class State:
     """What a training function keeps across failures and resizes. Subclasses say what the state is
     (`_state()`, a picklable object the same on every rank) and how to load it (`_load`)."""
 
-    def __init__(self):
-        self._reset_callbacks = []
-        self._saved = None  # the last save(), pickled
-        self._key = None  # the last commit's (generation, sequence)
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[[], object]] = []
+        self._saved: bytes | None = None  # the last save(), pickled
+        self._key: tuple[int, int] | None = None  # the last commit's (generation, sequence)
         self._store = commit_store.CommitStore()
 
     def _state(self):
@@ -55,31 +59,31 @@ class State:
         """The state as bytes (subclasses pickle their framework's tensors faster)."""
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def register_reset_callbacks(self, callbacks):
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Functions called (without arguments) after the job was resized or restarted and the state
         restored, e.g. to scale the learning rate with the new size()."""
         self._reset_callbacks.extend(callbacks)
 
-    def on_reset(self):
+    def on_reset(self) -> None:
         for callback in self._reset_callbacks:
             callback()
 
-    def save(self):
+    def save(self) -> None:
         """Keep the state in this process's memory (what restore() goes back to)."""
         self._saved = self._pickle(self._state())
 
-    def restore(self):
+    def restore(self) -> None:
         """Go back to the last save() or commit."""
         if self._saved is not None:
             self._load(pickle.loads(self._saved))
 
-    def sync(self):
+    def sync(self) -> None:
         """Make every rank's state rank 0's (where no commit exists yet), and save it: restore()
         goes back to it, as Horovod's."""
         self._load(broadcast_object(self._state(), root_rank=0, name="elastic.sync"))
         self.save()
 
-    def commit(self):
+    def commit(self) -> None:
         """Save the state, keep it on every host, and then check for host updates: raises
         HostsUpdatedInterrupt on every rank when rrun reported new or lost hosts, after the commit
         is kept, so the next generation resumes from it. Collective: call it on every rank at the
@@ -94,7 +98,7 @@ class State:
         if updated:
             raise HostsUpdatedInterrupt(skip_sync=False)
 
-    def check_host_updates(self):
+    def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank if rrun reported new or lost hosts (collective).
         commit() does this itself; without a commit since, a resize loses the steps since the last."""
         link = rrun_link.current()
@@ -118,7 +122,7 @@ class State:
 class ObjectState(State):
     """Plain Python values as attributes (`state.epoch`, `state.batch`), kept by copy."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs) -> None:
         self._names = tuple(kwargs)
         self.__dict__.update(kwargs)
         super().__init__()
@@ -130,7 +134,7 @@ class ObjectState(State):
         self.__dict__.update(state)
 
 
-def run(func):
+def run(func: Callable[..., T]) -> Callable[..., T]:
     """Decorate the training function `func(state, ...)`: it starts from the newest commit (or rank
     0's state), and on HostsUpdatedInterrupt the process leaves for rrun to start the next
     generation on the new hosts. When `func` returns, the job's commits are removed from the hosts

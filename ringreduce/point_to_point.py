@@ -17,12 +17,13 @@ import threading
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from ringreduce import runtime
 from ringreduce.errors import MismatchError
 from ringreduce.machine import backends
 from ringreduce.numerics import arrays
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 
 MAX_TAG = (1 << 20) - 1  # user tags; the channels lie above them, below every MPI's MPI_TAG_UB
 _CHANNELS = 1 << 21  # channel numbers in flight at once from one rank
@@ -33,23 +34,24 @@ _channel_numbers = itertools.count()
 _channel_lock = threading.Lock()
 
 
-def send(tensor, dst, process_set=global_process_set, tag=0):
+def send(tensor: ArrayLike, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst`; returns once `dst` has received it."""
     _Send(tensor, dst, process_set, tag).finish()
 
 
-def recv(tensor, src=None, process_set=global_process_set, tag=0):
+def recv(tensor: ArrayLike, src: int | None = None, process_set: ProcessSet = global_process_set, tag: int = 0) -> int:
     """Receive into `tensor` (same dtype and shape as sent) from global rank `src`, or from any rank
     of the set with `src=None`; returns the sender's global rank."""
     return _Recv(tensor, src, process_set, tag).finish()
 
 
-def isend(tensor, dst, process_set=global_process_set, tag=0):
+def isend(tensor: ArrayLike, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> "Work":
     """send, returning at once a handle whose wait() returns when it is done (or raises)."""
     return Work(_Send(tensor, dst, process_set, tag))
 
 
-def irecv(tensor, src=None, process_set=global_process_set, tag=0):
+def irecv(tensor: ArrayLike, src: int | None = None, process_set: ProcessSet = global_process_set,
+          tag: int = 0) -> "Work":
     """recv, returning at once a handle; its wait() returns the sender's global rank."""
     return Work(_Recv(tensor, src, process_set, tag))
 
@@ -70,12 +72,12 @@ class Work:
         except BaseException as error:  # noqa: BLE001 - raised again from wait()
             self._error = error
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         return not self._thread.is_alive()
 
     done = is_completed
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> int | bool | None:
         self._thread.join(timeout)
         if self._thread.is_alive():
             return False

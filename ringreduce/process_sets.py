@@ -7,6 +7,9 @@ collectives of sets it is a member of. Ranks are global ranks everywhere (root_r
 gives the rank within the set, to read an allgather's result.
 """
 
+import typing
+from collections.abc import Iterable, Sequence
+
 from ringreduce import runtime
 from ringreduce.engine.call_sites import user_call_site
 from ringreduce.errors import ranks_text
@@ -17,9 +20,9 @@ class ProcessSet:
     Pass it to init(process_sets=[...]) or add_process_set() to make it usable; until then
     process_set_id is None."""
 
-    def __init__(self, ranks_or_comm):
-        self.process_set_id = None
-        self._given_ranks = None
+    def __init__(self, ranks_or_comm: Iterable[int] | typing.Any) -> None:
+        self.process_set_id: int | None = None
+        self._given_ranks: list[int] | None = None
         self.mpi_comm = None
         if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator; MPI itself stays in the runtime
             self.mpi_comm = ranks_or_comm
@@ -31,36 +34,38 @@ class ProcessSet:
                                  f"got {ranks_or_comm!r}") from None
 
     @property
-    def ranks(self):
+    def ranks(self) -> list[int] | None:
         """The set's global ranks, sorted; None for a communicator's set before it is made."""
         if self.process_set_id is not None and runtime.is_initialized():
             return runtime.active().domain_ranks(self.process_set_id)
         return self._given_ranks
 
-    def size(self):
+    def size(self) -> int | None:
         """How many ranks the set has; None before it is made."""
-        return None if self.process_set_id is None else len(self.ranks)
+        ranks = self.ranks
+        return None if self.process_set_id is None or ranks is None else len(ranks)
 
-    def rank(self):
+    def rank(self) -> int | None:
         """This rank's place within the set (what allgather orders by); None before it is made."""
-        if self.process_set_id is None:
+        ranks = self.ranks
+        if self.process_set_id is None or ranks is None:
             return None
         me = runtime.active().topology.rank
-        if me not in self.ranks:
+        if me not in ranks:
             raise ValueError(f"rank {me} is not in {self}")
-        return self.ranks.index(me)
+        return ranks.index(me)
 
-    def included(self):
+    def included(self) -> bool | None:
         """Is this rank a member? None before the set's ranks are known."""
         if self.ranks is None:
             return None
         return runtime.active().topology.rank in self.ranks
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
 
 
-def by_id(process_set_id):
+def by_id(process_set_id: int) -> ProcessSet:
     """The made set with this id, for calls that name a set by its id (TensorFlow's size_op)."""
     process_set = ProcessSet(runtime.active().domain_ranks(process_set_id))
     process_set.process_set_id = process_set_id
@@ -71,7 +76,7 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def add_process_set(process_set):
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Make a set (a ProcessSet or a list of ranks) after init, on every rank of the job together,
     and return it. Ranks that disagree, a rank outside the job or a set that exists already are a
     ValueError on every rank. Unlike Horovod, no environment variable is needed, and a set made
@@ -85,7 +90,7 @@ def add_process_set(process_set):
     return process_set
 
 
-def remove_process_set(process_set):
+def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a set, on every rank of the job together. False (as in Horovod) for the global set
     or one that was never made; a set with collectives in flight is a ValueError."""
     if process_set.process_set_id is None:

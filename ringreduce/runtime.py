@@ -3,6 +3,8 @@ and the rest), and its domains (the whole job and each process set), each with i
 """
 
 import sys
+import typing
+from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
 
@@ -20,6 +22,9 @@ from ringreduce.launcher import protocol
 from ringreduce.machine import faults, gpu, launch, topology
 from ringreduce.planning import calibration, profiles
 from ringreduce.resilience import exit_hooks, preemption, rrun_link
+
+if typing.TYPE_CHECKING:  # process_sets imports this module
+    from ringreduce.process_sets import ProcessSet
 
 _active = None
 
@@ -208,7 +213,7 @@ def _free(domain):
         domain.ordered.close()
 
 
-def init(comm=None, process_sets=None):
+def init(comm: typing.Any = None, process_sets: "Sequence[ProcessSet] | str | None" = None) -> None:
     """Start ringreduce on `comm` (default: MPI.COMM_WORLD), with these ProcessSets (Horovod's
     argument; "dynamic" is accepted, and needed for nothing: sets can be added at any time, see
     docs/horovod.md).
@@ -223,11 +228,12 @@ def init(comm=None, process_sets=None):
     exit_hooks.install(active_or_none, shutdown)
     preemption.install()
     rrun_link.connect(_active.topology.rank)
-    for process_set in [] if process_sets in (None, "dynamic") else process_sets:
+    given: Sequence[ProcessSet] = () if process_sets is None or isinstance(process_sets, str) else process_sets
+    for process_set in given:
         process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks, at_init=True)
 
 
-def shutdown():
+def shutdown() -> None:
     """Leave the job cleanly: waits until every other rank has shut down too. Requests still
     pending on this rank fail; on the other ranks, requests that needed this one fail too."""
     global _active
@@ -237,13 +243,14 @@ def shutdown():
     runtime.close()
 
 
-def shrink():
+def shrink() -> None:
     """Go on without the ranks that failed (MPI's fault tolerance, ULFM): the runtime of the old job
     is left as it is (its communicators include the dead; freeing them would wait for it), its
     engines stop, and ringreduce starts again on the survivors (MPIX_Comm_shrink of the job's
     communicator). Every survivor calls it; process sets are gone."""
     global _active
-    broken, _active = _active, None
+    broken = active()
+    _active = None
     cause = RankFailedError("the job shrank after a rank failed")
     for domain in broken.domains.values():
         if domain.engine is not None:
@@ -252,7 +259,7 @@ def shrink():
     init(comm=broken.world.Shrink())
 
 
-def peer_failed(error):
+def peer_failed(error: BaseException | None) -> bool:
     """Is `error` (or its cause) what a rank's failure makes the survivors raise?"""
     if faults.failed():
         return True
@@ -267,23 +274,23 @@ def peer_failed(error):
 _FAILURE_CLASSES = tuple(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_REVOKED") if hasattr(MPI, name))
 
 
-def is_initialized():
+def is_initialized() -> bool:
     return _active is not None
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
     """Does every host run the same number of ranks?"""
     return active().topology.homogeneous
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
     """Did MPI start with MPI_THREAD_MULTIPLE, so that the program may call MPI itself (through
     mpi4py) beside ringreduce?"""
     active()
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start recording a timeline (a Chrome trace, written by rank 0) into `file_path`, in place of
     any recorded so far; `mark_cycles` adds a mark for each engine cycle that ran something."""
     runtime = active()
@@ -291,16 +298,16 @@ def start_timeline(file_path, mark_cycles=False):
         runtime.engine.record_to(Timeline(file_path, 0, mark_cycles))
 
 
-def stop_timeline():
+def stop_timeline() -> None:
     """Stop recording the timeline and close its file."""
     runtime = active()
     if runtime.topology.rank == 0:
         runtime.engine.record_to(NoTimeline())
 
 
-def _where(field, doc):
+def _where(field: str, doc: str) -> Callable[[], int]:
     """A query of this process's place in the job, answered once ringreduce is initialized."""
-    def query():
+    def query() -> int:
         return getattr(active().topology, field)
     query.__name__ = query.__qualname__ = field
     query.__doc__ = doc
@@ -325,7 +332,7 @@ def active():
     return _active
 
 
-def engine_stats():
+def engine_stats() -> dict[str, int]:
     """Counters of the engine's work so far (of the whole job's set): cycles, collectives, tensors
     and bytes, cache hits, and the cycles whose negotiation needed every rank's full state
     (state_gathers); and the plain calls that ran in program order, without the engine."""
@@ -335,7 +342,7 @@ def engine_stats():
             "in_program_order": 0 if ordered is None else ordered.ran}
 
 
-def straggler_report():
+def straggler_report() -> dict[str, typing.Any]:
     """Per rank that was ever the last one ready: in what share of the rounds (the engine's cycles
     that ran something, and the plain calls in program order) it was last, and how long it kept
     the others waiting then, on average."""

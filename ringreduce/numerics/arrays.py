@@ -1,10 +1,16 @@
 """The arrays the public calls take: numpy on the CPU, CuPy on the GPU, of the dtypes that can
 travel; the checks that turn anything else into a clear error before it reaches the engine."""
 
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine.backends import on_device
+
+# What the calls give back: a numpy.ndarray, or a cupy.ndarray where the input was one (CuPy is
+# not a dependency, so its type is not named here).
+Array: TypeAlias = np.ndarray | Any
 
 SUPPORTED_DTYPES = tuple(
     np.dtype(t)

@@ -12,6 +12,7 @@ casts and adds it. A compressor of the user's own runs around the collective in 
 """
 
 import functools
+from typing import TypeAlias
 
 import numpy as np
 
@@ -147,6 +148,10 @@ class TopK(Compressor):
     def whole(ndim):
         """Does a tensor of `ndim` dimensions travel whole (averaged, not sparsified)?"""
         return ndim < 2
+
+
+# What `compression=` takes: a compressor class (Horovod's style, static methods) or an instance.
+CompressorLike: TypeAlias = Compressor | type[Compressor]
 
 
 class Compression:

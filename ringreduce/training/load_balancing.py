@@ -11,12 +11,13 @@ each batch as every other rank does."""
 import itertools
 import threading
 import time
+from collections.abc import Iterator, Sized
 
 import numpy as np
 
 from ringreduce import collectives
-from ringreduce.ops import Average
-from ringreduce.process_sets import global_process_set
+from ringreduce.ops import Average, ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 
 
 class LoadBalancer:
@@ -29,9 +30,13 @@ class LoadBalancer:
     smaller: slower but steadier under noise); the new split applies `interval` steps later. Every
     rank keeps at least one sample of every batch."""
 
-    def __init__(self, batch_size, interval=10, damping=0.5, process_set=global_process_set):
-        if batch_size < process_set.size():
-            raise ValueError(f"batch_size ({batch_size}) must be at least the number of ranks ({process_set.size()})")
+    def __init__(self, batch_size: int, interval: int = 10, damping: float = 0.5,
+                 process_set: ProcessSet = global_process_set) -> None:
+        size = process_set.size()
+        if size is None:
+            raise ValueError(f"{process_set} is not made yet: add_process_set() it before its load balancer")
+        if batch_size < size:
+            raise ValueError(f"batch_size ({batch_size}) must be at least the number of ranks ({size})")
         if interval < 1:
             raise ValueError(f"interval must be at least 1, got {interval}")
         if not 0 < damping <= 1:
@@ -40,20 +45,22 @@ class LoadBalancer:
         self.interval = interval
         self.damping = damping
         self.process_set = process_set
-        self.steps = None  # the step training is at (from the sampler's first batch: a resumed epoch's too)
-        self._first = None
+        self.steps: int | None = None  # the step training is at (from the sampler's first batch: a resumed epoch's too)
+        self._first: int | None = None
         # Exchange k (after k * interval steps) -> the shares it decided, from step (k + 1) * interval on
         # (counted from the first step); 0: the even split. The last few are kept: a pipeline reads at
         # most an interval ahead.
-        self._decided = {0: np.full(process_set.size(), 1.0 / process_set.size())}
+        self._decided = {0: np.full(size, 1.0 / size)}
         self._changed = threading.Condition()  # a pipeline's thread waits there for a split not decided yet
-        self._taken = {}  # step -> (this rank's count, the size of the global batch), as handed out
+        # step -> (this rank's count, the size of the global batch), as handed out
+        self._taken: dict[int, tuple[int, int]] = {}
         self._window = np.zeros(2)  # this rank's samples and compute seconds since the last exchange
-        self._clock = None  # when the last step ended: this rank's work since then is timed
-        self._work = None  # this step's compute seconds, once its gradients are ready
+        self._clock: float | None = None  # when the last step ended: this rank's work since then is timed
+        self._work: float | None = None  # this step's compute seconds, once its gradients are ready
         self._waited = 0.0  # seconds of this step spent in collectives inside the model (SyncBatchNorm's)
 
-    def check_optimizer(self, process_set, backward_passes_per_step, op):
+    def check_optimizer(self, process_set: ProcessSet | None, backward_passes_per_step: int,
+                        op: ReduceOp) -> None:
         """Raise unless an optimizer of these arguments can weight its gradients by this split."""
         if backward_passes_per_step != 1 or op != Average:
             raise ValueError("load balancing weights each rank's mean gradient: it takes op=Average and "
@@ -66,7 +73,7 @@ class LoadBalancer:
         """The newest split, as fractions of the batch per rank of the set."""
         return self._decided[max(self._decided)]
 
-    def split(self, total, shares=None):
+    def split(self, total: int, shares: np.ndarray | None = None) -> np.ndarray:
         """How many of `total` samples each rank takes: the largest remainders of total * shares,
         at least one each (taken from the rank with the most)."""
         exact = (self.shares if shares is None else shares) * total
@@ -77,7 +84,7 @@ class LoadBalancer:
             counts[empty] = 1
         return counts
 
-    def take(self, step, total):
+    def take(self, step: int, total: int) -> tuple[int, int]:
         """This rank's (offset, count) in the global batch of `total` samples of `step` (counted
         from the start of training, over the epochs): the sampler's call. A pipeline's thread asking
         further ahead than decided waits; training's own thread cannot, and gets an error."""
@@ -101,7 +108,7 @@ class LoadBalancer:
         """The exchange whose split `step` takes."""
         return max(0, (step - self._first) // self.interval - 1)
 
-    def weight(self):
+    def weight(self) -> float:
         """The factor for this step's gradients (the mean over this rank's samples): its share of
         the batch times the number of ranks, so that averaging over the ranks gives the batch's mean."""
         count, total = self._this_steps_batch()
@@ -114,20 +121,22 @@ class LoadBalancer:
                                "sampler, one per step")
         return self._taken[self.steps]
 
-    def waited(self, seconds):
+    def waited(self, seconds: float) -> None:
         """This rank spent `seconds` of the step in a collective inside the model (waiting for the
         others as much as working): not counted as its work."""
         self._waited += seconds
 
-    def work_done(self):
+    def work_done(self) -> None:
         """This step's gradients are ready: the time since the last step ended, less what it waited
         in collectives, is this rank's work (loading, forward, backward); not timed before the first
         step."""
         if self._work is None and self._clock is not None:
             self._work = time.perf_counter() - self._clock - self._waited
 
-    def step_done(self):
+    def step_done(self) -> None:
         """This step's update is done; every `interval` steps the ranks decide a new split."""
+        if self.steps is None or self._first is None:
+            raise RuntimeError("step_done() before the sampler handed out this step's batch")
         count, _ = self._this_steps_batch()
         del self._taken[self.steps]
         if self._work is not None:
@@ -161,7 +170,7 @@ class BalancedBatchSampler:
     epoch is used exactly once. Call `set_epoch(epoch)` at the start of each epoch, as with
     torch's DistributedSampler."""
 
-    def __init__(self, dataset, balancer, shuffle=True, seed=0):
+    def __init__(self, dataset: Sized, balancer: LoadBalancer, shuffle: bool = True, seed: int = 0) -> None:
         self.length = dataset if isinstance(dataset, int) else len(dataset)
         if self.length < len(balancer.shares):
             raise ValueError(f"{self.length} samples cannot give each of {len(balancer.shares)} ranks one")
@@ -170,10 +179,10 @@ class BalancedBatchSampler:
         self.seed = seed
         self.epoch = 0
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def global_batches(self):
+    def global_batches(self) -> list[np.ndarray]:
         """This epoch's global batches: arrays of dataset indices, the same on every rank."""
         order = (np.random.default_rng(self.seed + self.epoch).permutation(self.length) if self.shuffle
                  else np.arange(self.length))
@@ -182,12 +191,12 @@ class BalancedBatchSampler:
             del bounds[-2]
         return [order[start:end] for start, end in itertools.pairwise(bounds)]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         first = self.epoch * len(self)
         for step, batch in enumerate(self.global_batches(), start=first):
             offset, count = self.balancer.take(step, len(batch))
             yield batch[offset:offset + count].tolist()
 
-    def __len__(self):
+    def __len__(self) -> int:
         batches, last = divmod(self.length, self.balancer.batch_size)
         return batches + (last >= len(self.balancer.shares) or batches == 0)
