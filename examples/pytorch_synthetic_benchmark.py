@@ -74,8 +74,8 @@ def main():
         if rr.rank() == 0:
             print(f"iteration {iteration}: {rate:.1f} img/sec per rank")
     total = rr.allreduce(torch.tensor([statistics.mean(rates)], dtype=torch.float64), op=rr.Sum, name="rates").item()
+    print(f"img/sec per rank: {statistics.mean(rates):.1f} +- {statistics.pstdev(rates):.1f}")  # each rank's
     if rr.rank() == 0:
-        print(f"img/sec per rank: {statistics.mean(rates):.1f} +- {statistics.pstdev(rates):.1f}")
         print(f"total img/sec on {rr.size()} rank(s) ({device.type}): {total:.1f}")
 
 

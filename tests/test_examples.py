@@ -31,13 +31,17 @@ def test_synthetic_benchmark_sums_the_ranks_rates():
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     lines = [line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:")]
-    per_rank = float(lines[-2].split()[3])
+    rates = [float(rate) for rate in re.findall(r"^\[\d\]<stdout>:img/sec per rank: (\d+\.\d) ", result.stdout,
+                                                re.M)]  # each rank's, to 0.1
     total = float(lines[-1].rsplit(":", 1)[1])
     assert lines[-1].startswith("total img/sec on 2 rank(s) (cpu): ")
-    assert per_rank > 0 and total > per_rank  # the other rank's rate is in the sum
+    assert len(rates) == 2 and min(rates) > 0
+    assert total == pytest.approx(sum(rates), abs=0.16)  # three roundings to 0.1
 
 
 @pytest.mark.parametrize("example, learned", [
+    # the loss at most halved, the accuracy at least 0.9, the loss a twentieth (measured: 1.37 -> 0.30,
+    # 0.60 -> 0.99, 3.93 -> 0.0001)
     ("horovod_torch_migration.py", r"loss (\d+\.\d+) -> (\d+\.\d+); rank \d joined last; "),
     ("horovod_keras_migration.py", r"accuracy (\d+\.\d+) -> (\d+\.\d+); "),
     ("horovod_tf_migration.py", r"loss (\d+\.\d+) -> (\d+\.\d+); "),
@@ -54,7 +58,9 @@ def test_horovod_scripts_run_with_only_their_import_line_changed(example, learne
     match = re.search(learned, last)
     assert match, last
     before, after = float(match[1]), float(match[2])
-    assert after < before if "loss" in learned else after > before
+    learned_enough = {"horovod_torch_migration.py": after <= before / 2, "horovod_keras_migration.py": after >= 0.9,
+                      "horovod_tf_migration.py": after <= before / 20}
+    assert learned_enough[example], (before, after)
     assert last.endswith("every rank holds the same model: True"), last
 
 

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from ringreduce import checkpoint
+
 from launch import ON_HOSTA, SLURM_CONF, WORKERS, require_cluster, slurm_missing
 
 pytestmark = pytest.mark.mpi
@@ -85,7 +87,10 @@ def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exi
         time.sleep(0.5)
     stopped = [line for line in output.read_text().splitlines() if "stopped at step" in line]
     assert len(stopped) == 2 and len({line.split(":", 1)[1] for line in stopped}) == 1, output.read_text()
-    assert len(list(checkpoints.glob("checkpoint-*.rr"))) == 1
+    (saved,) = checkpoints.glob("checkpoint-*.rr")
+    step = int(stopped[0].rsplit(" ", 1)[1])
+    state = checkpoint.read(saved)
+    assert state["step"] == step and state["weights"].tolist() == [2.0 * step] * 4  # both ranks' step, summed
 
 
 def test_a_rank_lost_on_the_other_node_ends_the_job_and_is_named(tmp_path):

@@ -3,6 +3,7 @@ Usage: horovod_torch.py OUT_DIR: each part (calls, grads) to OUT_DIR/PART/rankR.
 
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -91,6 +92,7 @@ def calls(results):
         hvd.allreduce(x, op=hvd.Adasum)
     except ValueError as error:
         results["adasum"] = str(error)
+    time.sleep(0.3 * rank)  # the ranks join in rank order: the last rank joins last
     results["joined"] = torch.tensor(hvd.join(device=-1))
     # While rank 0 has joined, an integer Average truncates toward zero, as Horovod's: -(2r + 1) from
     # each other rank, divided by the size.
