@@ -105,13 +105,8 @@ class ElasticRun:
         """`job`: a dialects.JobSpec that each generation's size and hosts complete; `command`: the
         user's; `argv_of(job)`: the mpiexec command line of a JobSpec. `in_place`: the MPI can
         shrink a job (ULFM), so the survivors of a failure go on in their processes."""
-        self.settings = settings
-        self.first_size = num_proc
-        self.job = job
-        self.command = command
-        self.verbose = verbose
-        self.grace_seconds = grace_seconds
-        self.argv_of = argv_of
+        self.settings, self.first_size, self.job, self.command = settings, num_proc, job, command
+        self.verbose, self.grace_seconds, self.argv_of = verbose, grace_seconds, argv_of
         self.set_aside = SetAside(settings.cooldown_range)
         self.job_id = uuid.uuid4().hex[:12]
         self.in_place = in_place

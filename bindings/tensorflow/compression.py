@@ -118,13 +118,11 @@ class DGCCompressor(_PerTensorVariables, TopKCompressor):
         self._load(self.accumulated, state["accumulated"])
 
 
-class Compression:
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-    topk = TopKCompressor
-    dgc = DGCCompressor
-    error_feedback = ErrorFeedback  # around any of these (on this framework's tensors) or your own
+class Compression(compressors.Compression):
+    """Horovod's names (none, fp16) and ringreduce's (bf16, topk, dgc, and error_feedback around any
+    of these or your own), on TensorFlow tensors."""
+
+    fp16, bf16, topk, dgc, error_feedback = FP16Compressor, BF16Compressor, TopKCompressor, DGCCompressor, ErrorFeedback
 
 
 def in_engine(compression):

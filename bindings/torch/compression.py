@@ -90,13 +90,11 @@ def _largest(magnitudes, k):
     return torch.from_numpy(np.argpartition(magnitudes.numpy(), -k)[-k:])
 
 
-class Compression:
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-    topk = TopKCompressor
-    dgc = DGCCompressor
-    error_feedback = compressors.ErrorFeedback  # around any of these (on this framework's tensors) or your own
+class Compression(compressors.Compression):
+    """Horovod's names (none, fp16) and ringreduce's (bf16, topk, dgc, and error_feedback around any
+    of these or your own), on torch tensors."""
+
+    fp16, bf16, topk, dgc = FP16Compressor, BF16Compressor, TopKCompressor, DGCCompressor
 
 
 def in_engine(compression):

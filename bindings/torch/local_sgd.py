@@ -38,11 +38,8 @@ class PeriodicModelAverager:
         schedule.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.step = 0
-        engine_compression = in_engine(compression)
-        if engine_compression is None:
-            raise ValueError("a model averager compresses with Compression.fp16 or Compression.bf16")
-        outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
-        self._average = schedule.ModelAverage("local_sgd.parameters", engine_compression, outer)
+        self._average = schedule.ModelAverage("local_sgd.parameters", in_engine(compression),
+                                              _OuterStep(outer_optimizer) if outer_optimizer is not None else None)
 
     def _set_for(self, step):
         """The set this step averages over, or None when it does not average."""

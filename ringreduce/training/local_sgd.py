@@ -78,6 +78,10 @@ class ModelAverage:
 
     def __init__(self, name: str, compression: object = Compression.none,
                  outer_step: Callable[[list, list], None] | None = None):
+        """`compression`: the engine's form of a binding's compressor (its in_engine(); None for a
+        compressor of the user's own, which local SGD does not take)."""
+        if compression is None:
+            raise ValueError("local SGD compresses the model's changes with Compression.fp16 or Compression.bf16")
         self.name, self._compression, self._outer_step = name, compression, outer_step
         self._last = None  # with compression: the weights right after the last average
         self._anchors = None  # with an outer step: the anchors

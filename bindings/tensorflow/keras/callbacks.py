@@ -148,11 +148,8 @@ class LocalSGDCallback(keras.callbacks.Callback):
         self.average_optimizer_state = average_optimizer_state
         self.outer_optimizer = outer_optimizer
         self.step = 0
-        engine_compression = in_engine(compression)
-        if engine_compression is None:
-            raise ValueError("LocalSGDCallback compresses with Compression.fp16 or Compression.bf16")
-        outer = _OuterStep(outer_optimizer) if outer_optimizer is not None else None
-        self._average = local_sgd.ModelAverage("keras.local_sgd", engine_compression, outer)
+        self._average = local_sgd.ModelAverage("keras.local_sgd", in_engine(compression),
+                                               _OuterStep(outer_optimizer) if outer_optimizer is not None else None)
 
     def _set_for(self, step):
         """The set to average over after this step, or None."""
