@@ -97,8 +97,15 @@ def cluster_missing():
     return None
 
 
+# Set by conftest for each test: whether it carries the `mpi` marker.
+starting_ranks_allowed = True
+
+
 def rrun_command(np, worker, *args, rrun_args=(), python=sys.executable, on_cluster=False):
     """The rrun command line for a worker (on the test cluster's hosta with `on_cluster`)."""
+    if not starting_ranks_allowed:
+        raise RuntimeError("this test starts ranks but is not marked mpi: conftest's search for rank starters "
+                           "missed it; name the helper that starts them in conftest.RANK_STARTERS")
     script = os.path.join(WORKERS, worker)
     command = [python, "-m", "ringreduce.launcher", "-np", str(np), *rrun_args, python, script, *map(str, args)]
     return ON_HOSTA + command if on_cluster else command

@@ -7,8 +7,6 @@ import torch_cases
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 
 def train(out, size, *modes):
     job = run_job(size, "torch_averaging.py", out, *modes, timeout=120)

@@ -75,7 +75,6 @@ def cases():
             ("three", "plain", [3 / 7, 3 / 7, 1 / 7], 1e-5), ("three", "set", [0.75, 0.25], 1e-5)]
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
 def test_balanced_training_equals_one_process_on_the_same_batches(request, job, mode, expected, tolerance):
     ranks = request.getfixturevalue(job)[mode]
@@ -86,7 +85,6 @@ def test_balanced_training_equals_one_process_on_the_same_batches(request, job, 
             torch.testing.assert_close(got["parameters"][name], value.detach(), rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
 def test_the_split_moves_to_the_speed_ratio_and_stays(request, job, mode, expected, tolerance):
     ranks = request.getfixturevalue(job)[mode]
@@ -98,7 +96,6 @@ def test_the_split_moves_to_the_speed_ratio_and_stays(request, job, mode, expect
     assert (sizes[-1, -4:] < sizes[0, -4:]).all()  # the slow rank takes fewer samples
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize(("job", "mode", "expected", "tolerance"), cases())
 def test_every_sample_of_an_epoch_is_used_once(request, job, mode, expected, tolerance):
     ranks = request.getfixturevalue(job)[mode]
@@ -112,7 +109,6 @@ def test_every_sample_of_an_epoch_is_used_once(request, job, mode, expected, tol
         assert sorted(i for step in steps for i in global_batches[step]) == list(range(SAMPLES))
 
 
-@pytest.mark.mpi
 def test_keras_fit_balances_and_equals_one_process(tmp_path):
     """Keras: 2 ranks, the last three times slower, through fit with a BalancedDataset."""
     keras = pytest.importorskip("keras")

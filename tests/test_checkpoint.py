@@ -2,12 +2,9 @@
 
 import json
 
-import pytest
 import torch
 
 from launch import run_job
-
-pytestmark = pytest.mark.mpi
 
 
 def test_checkpoints_are_kept_atomic_and_damaged_ones_skipped(tmp_path):

@@ -20,7 +20,6 @@ NODE_DIR = os.path.join(os.environ.get("RR_CLUSTER_DIR", "/tmp/ringreduce-cluste
 def on_host(host, *command):
     return subprocess.run([ON_HOST, host, *command], capture_output=True, text=True, timeout=30, check=True).stdout
 
-pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(autouse=True)

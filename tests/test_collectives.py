@@ -9,8 +9,6 @@ import pytest
 import cases
 from launch import cluster_missing, python_of, require_cluster, run_job
 
-pytestmark = pytest.mark.mpi
-
 # (name, ranks, environment, MPI, algorithms): the default choice at every size, then each
 # algorithm family forced, in small pieces, across simulated hosts, and under Open MPI.
 SMALL_PIECES = {"RINGREDUCE_SHM_PIECE_BYTES": "12345", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "4096"}

@@ -287,7 +287,6 @@ def test_explain_warns_where_ranks_outnumber_a_hosts_cores():
     assert "crowded" not in explain(profile, cost.JobShape(4, hosts=2))
 
 
-@pytest.mark.mpi
 def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     path = tmp_path / "profile.json"
     calibrated = _rrun("-np", "2", "--calibrate", "--profile", str(path))
@@ -307,7 +306,6 @@ def test_rrun_calibrate_saves_a_profile_that_explain_and_jobs_use(tmp_path):
     assert table == cost.Model(profile, cost.JobShape(3)).table("allreduce")
 
 
-@pytest.mark.mpi
 def test_a_profile_where_the_tree_is_cheapest_runs_the_tree_and_stays_exact(tmp_path):
     path = profiles.save(dataclasses.replace(cost.DEFAULT, calls={**cost.DEFAULT.calls, "mpi": 1.0, "shm": 1.0,
                                                                "ring": 1.0, "halving_doubling": 1.0}),
@@ -316,14 +314,12 @@ def test_a_profile_where_the_tree_is_cheapest_runs_the_tree_and_stays_exact(tmp_
     assert table[0] == (0, "tree") and all(start > 24_000_000 for start, _ in table[1:])  # all the job's sizes
 
 
-@pytest.mark.mpi
 def test_calibrating_at_init_gives_every_rank_the_same_choice(tmp_path):
     table = _choice_job(tmp_path, 2, {"RINGREDUCE_CALIBRATE": "1", "RINGREDUCE_PROFILE": str(tmp_path / "none")})
     assert table[0][0] == 0 and all(family in cost.Model(cost.DEFAULT, cost.JobShape(2)).candidates("allreduce")
                                     for _, family in table)
 
 
-@pytest.mark.mpi
 def test_a_broken_profile_fails_every_rank_with_its_name(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("not json")

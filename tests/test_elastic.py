@@ -20,8 +20,6 @@ from ringreduce.launcher.errors import LaunchError
 
 from launch import WORKERS, python_of, run_job
 
-pytestmark = pytest.mark.mpi
-
 _spec = importlib.util.spec_from_file_location("elastic_train", os.path.join(WORKERS, "elastic_train.py"))
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)

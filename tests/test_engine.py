@@ -15,8 +15,6 @@ import pytest
 import cases
 from launch import rrun_command, run_job
 
-pytestmark = pytest.mark.mpi
-
 
 def reports(job, rank):
     return [json.loads(line[len("REPORT "):]) for line in job.lines_of(rank) if line.startswith("REPORT ")]

@@ -9,8 +9,6 @@ import pytest
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 # case -> (exception type, text every rank's message contains), at 3 ranks with rank 1 odd.
 EXPECTED = {
     "shape": ("MismatchError", "allreduce 'grad' does not match across ranks: shape (3,) on ranks 0, 2 "

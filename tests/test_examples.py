@@ -9,7 +9,6 @@ import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
-pytestmark = pytest.mark.mpi
 
 
 def test_numpy_example_trains_the_same_model_on_every_rank():

@@ -10,8 +10,6 @@ from ringreduce.machine import gpu
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 
 def _gpus():
     cupy = gpu.cupy_or_none()

@@ -13,8 +13,6 @@ import pytest
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 EMULATED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "emulated_cupy")
 
 

@@ -11,8 +11,6 @@ tf = pytest.importorskip("tensorflow")
 import cases  # noqa: E402
 from launch import run_job  # noqa: E402
 
-pytestmark = pytest.mark.mpi
-
 
 @pytest.mark.parametrize("np_", [1, 2, 3])
 def test_horovod_style_tensorflow(np_, tmp_path):

@@ -15,7 +15,6 @@ import torch_cases  # noqa: E402
 import cases  # noqa: E402
 from launch import run_job  # noqa: E402
 
-pytestmark = pytest.mark.mpi
 X = torch_cases.contribution
 
 

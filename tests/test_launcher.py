@@ -37,7 +37,6 @@ def one_line_error(result):
     return lines[0]
 
 
-@pytest.mark.mpi
 def test_every_line_carries_its_rank_and_stream(mpi_python):
     job = run_job(2, "chatter.py", python=mpi_python)
     assert job.returncode == 0, job.stderr
@@ -231,7 +230,6 @@ def _sleeping_ranks(marker):
     return [p for p in _processes_with(marker) if p.info["cmdline"][1].endswith("misbehave.py")]
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
     marker = f"marker-{uuid.uuid4().hex}"
@@ -284,7 +282,6 @@ def test_a_slurm_placement_needs_no_ssh_check(monkeypatch):
     assert checked == [["a", "b"]]
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("bind_to, separate", [("core", True), ("none", False)])
 def test_binding_is_what_was_asked_and_reported(bind_to, separate, mpi_python):
     job = run_job(2, "affinity.py", rrun_args=("--bind-to", bind_to, "--report-bindings"), python=mpi_python)
@@ -298,7 +295,6 @@ def test_binding_is_what_was_asked_and_reported(bind_to, separate, mpi_python):
         assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs ", job.stderr), job.stderr
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 0), (signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_a_preemption_notice_lets_every_rank_commit_and_exit(signum, status, mpi_python, tmp_path):
     """rrun passes SIGUSR1 on to every rank (a scheduler's notice, e.g. Slurm's --signal=B:USR1@120
@@ -339,7 +335,6 @@ def test_init_names_a_launcher_whose_world_mpi_does_not_see(world, environ, says
         assert problem.format(library="X").startswith(says)
 
 
-@pytest.mark.mpi
 def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
     """Two unbound ranks share the host's CPUs; a value the user set is kept."""
     job = run_job(2, "environment.py", "OMP_NUM_THREADS", timeout=60)
@@ -354,7 +349,6 @@ def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
     assert [json.loads(job.lines_of(r)[0])["OMP_NUM_THREADS"] for r in range(2)] == ["3", "3"]
 
 
-@pytest.mark.mpi
 def test_a_frozen_rank_ends_the_job_after_the_heartbeat_timeout():
     started = time.monotonic()
     job = run_job(2, "misbehave.py", "sigstop", rrun_args=("--heartbeat-seconds", "2"), timeout=60)

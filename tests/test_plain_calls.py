@@ -12,8 +12,6 @@ import pytest
 import cases
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 
 def run(size, mode, tmp_path, env=None, arrays=True):
     job = run_job(size, "plain_calls.py", mode, tmp_path, env=env, timeout=90)

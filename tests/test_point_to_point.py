@@ -10,8 +10,6 @@ import pytest
 import cases
 from launch import python_of, run_job
 
-pytestmark = pytest.mark.mpi
-
 
 @pytest.fixture(scope="module", params=["mpich", "openmpi"])
 def job(request, tmp_path_factory):

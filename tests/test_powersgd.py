@@ -7,8 +7,6 @@ import pytest
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):

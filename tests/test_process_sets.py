@@ -11,8 +11,6 @@ import pytest
 import cases
 from launch import cluster_missing, python_of, require_cluster, run_job
 
-pytestmark = pytest.mark.mpi
-
 
 @pytest.fixture(scope="module", params=[(2, "mpich"), (3, "mpich"), (4, "mpich"), (3, "openmpi"), (4, "cluster")],
                 ids=["mpich-2", "mpich-3", "mpich-4", "openmpi-3", "two-hosts-4"])

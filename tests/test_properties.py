@@ -7,7 +7,6 @@ import pytest
 from launch import run_job
 
 pytest.importorskip("hypothesis")
-pytestmark = pytest.mark.mpi
 
 
 def test_every_drawn_input_gives_the_reference_or_a_clear_error():

@@ -9,7 +9,6 @@ import pytest
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
 PRESCALE, POSTSCALE = 0.1, 3.7
 
 

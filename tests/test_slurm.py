@@ -14,7 +14,6 @@ from ringreduce import checkpoint
 
 from launch import ON_HOSTA, SLURM_CONF, WORKERS, require_cluster, slurm_missing
 
-pytestmark = pytest.mark.mpi
 PYTHON = sys.executable
 RRUN = f"{PYTHON} -m ringreduce.launcher -i rrnet0"
 

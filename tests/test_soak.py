@@ -7,8 +7,6 @@ import pytest
 
 from launch import run_job
 
-pytestmark = pytest.mark.mpi
-
 
 @pytest.mark.parametrize("count, env", [
     (2000, {}),
