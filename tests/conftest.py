@@ -79,6 +79,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mpi)
 
 
-@pytest.fixture(autouse=True)
-def _only_marked_tests_start_ranks(request):
-    launch.starting_ranks_allowed = request.node.get_closest_marker("mpi") is not None
+def pytest_runtest_setup(item):
+    """Before any fixture of the test (a module's shared job too) is set up."""
+    launch.starting_ranks_allowed = item.get_closest_marker("mpi") is not None
