@@ -4,63 +4,77 @@ a tensor that requires grad gives a result that does too. Each backward follows 
 same collectives in the same order.
 """
 
+from collections.abc import Sequence
+
 import ringreduce as core
 import torch
 from ringreduce import ops
 from ringreduce.collectives import grouped_names
 from ringreduce.numerics import compression as compressors
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors as calls
 from ringreduce.torch.compression import Compression, in_engine
 from ringreduce.training import gradients
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set):
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: CompressorLike = Compression.none, op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Combine `tensor` over every rank of `process_set` (Average by default); a new tensor."""
     op = ops.from_average(op, average)
     return _compressed(compression, [tensor], [name], lambda engine, t: [
         _Allreduce.apply(t[0], op, name, prescale_factor, postscale_factor, engine, process_set)])[0]
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: CompressorLike = Compression.none, op: ReduceOp | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """allreduce of several tensors submitted together, so that they fuse; a list of new tensors."""
     op = ops.from_average(op, average)
     return _compressed(compression, tensors, grouped_names(name, len(tensors)), lambda engine, ts: list(
         _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, engine, process_set, *ts)))
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Every rank's `tensor` concatenated along the first dimension (which may differ by rank), in
     the order of the ranks of `process_set`."""
     return _Allgather.apply(name, process_set, tensor)[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return list(_Allgather.apply(name, process_set, *tensors))
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """The root rank's `tensor` (root_rank is a global rank), on every rank of `process_set`."""
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Block j of the first dimension to rank j (of `process_set`), one block from each rank back;
     with `splits` (rows per rank), also the rows received from each rank."""
     return _Alltoall.apply(tensor, name, None if splits is None else calls._ints(splits), process_set)
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=core.Average, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: CompressorLike = Compression.none,
+                  op: ReduceOp | None = core.Average, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Combine every rank's `tensor`; this rank keeps its share of the first dimension (the first
     ranks one row more where it does not divide evenly)."""
     return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor)[0]
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=core.Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: CompressorLike = Compression.none, op: ReduceOp | None = core.Average,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
     return _compressed(compression, tensors, grouped_names(name, len(tensors)), lambda engine, ts: list(
         _Reducescatter.apply(op, name, prescale_factor, postscale_factor, process_set, *ts)), engine_compresses=False)
 

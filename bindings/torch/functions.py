@@ -1,13 +1,16 @@
 """Making every rank start from the same model and optimizer state."""
 
+from collections.abc import Iterable, Mapping
+
 import ringreduce as core
 import torch
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.optimizer import _DistributedOptimizer
 
 
-def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_process_set):
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
+                         prefix: str | None = None, process_set: ProcessSet = global_process_set) -> None:
     """Copy the root rank's tensors into every rank's (of `process_set`: an extension, as below):
     a state_dict, or (name, tensor) pairs such as model.named_parameters(). `prefix` goes in front
     of the collectives' names, for several broadcasts at once."""
@@ -19,7 +22,9 @@ def broadcast_parameters(params, root_rank=0, prefix=None, process_set=global_pr
             tensors.broadcast_(tensor, root_rank, f"{prefix or ''}broadcast.{name}", process_set)
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0, model=None, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None,
+                              process_set: ProcessSet = global_process_set) -> None:
     """Give every rank (of `process_set`: an extension, Horovod's takes none) the root rank's
     optimizer state (Adam's moments and step counts, every param group's hyper-parameters).
 

@@ -5,14 +5,18 @@ of the backward pass; step() only waits for what is still in flight.
 
 import contextlib
 import warnings
+from collections.abc import Iterable
 
 import ringreduce as core
 import torch
 from ringreduce.numerics import compression as compressors
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
 from ringreduce.training import options, presence
+from ringreduce.training.load_balancing import LoadBalancer
 from ringreduce.training.powersgd import PowerSGD
 from torch.amp.grad_scaler import OptState
 
@@ -299,10 +303,14 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none=set_to_none)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
-                         op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set, staleness=0, weight_prediction=True,
-                         load_balancer=None):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: CompressorLike = Compression.none, backward_passes_per_step: int = 1,
+                         op: ReduceOp = core.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | list[list[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set, staleness: int = 0,
+                         weight_prediction: bool = True,
+                         load_balancer: LoadBalancer | None = None) -> torch.optim.Optimizer:
     """`optimizer`, averaging gradients over the ranks of `process_set` (all of them by default).
     The result is an instance of a subclass of the optimizer's own class, so param_groups,
     state_dict, load_state_dict and LR schedulers behave as they do on the original; its state (a

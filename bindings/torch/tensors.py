@@ -6,12 +6,15 @@ The plain out-of-place collectives are differentiable (autograd.py); the async a
 forms are not, as in Horovod.
 """
 
+from collections.abc import Sequence
+
 import ringreduce as core
 import torch
 from ringreduce import ops
 from ringreduce.machine import gpu
 from ringreduce.numerics import compression as compressors
-from ringreduce.process_sets import global_process_set
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 
 
 def as_array(tensor):
@@ -65,35 +68,40 @@ def _in_place(tensor, array):
     return convert
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    process_set=global_process_set):
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start combining `tensor` over every rank of `process_set` (Average by default); the handle
     gives a new tensor."""
     return engine_allreduce_async(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor,
                                   process_set=process_set)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=global_process_set):
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """allreduce_async into `tensor` itself."""
     return engine_allreduce_async_(tensor, ops.from_average(op, average), name, prescale_factor, postscale_factor,
                                    process_set=process_set)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               process_set=global_process_set):
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: ReduceOp | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     return allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set).wait()
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                            process_set=global_process_set):
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
     """allreduce_async of several tensors submitted together, so that they fuse."""
     return engine_grouped_allreduce_async(tensors, ops.from_average(op, average), name, prescale_factor,
                                           postscale_factor, process_set=process_set)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                             op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
     arrays = [as_array(t) for t in tensors]
     handle = core.grouped_allreduce_async_(tensors=arrays, op=ops.from_average(op, average), name=name,
                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -102,31 +110,36 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return Handle(handle, lambda results: [convert(r) for convert, r in zip(converts, results, strict=True)])
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=global_process_set):
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                     process_set).wait()
 
 
-def allgather_async(tensor, name=None, process_set=global_process_set):
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start concatenating every rank's `tensor` along the first dimension."""
     return Handle(core.allgather_async(tensor=as_array(tensor), name=name, process_set=process_set),
                   _out_of_place(tensor))
 
 
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
     handle = core.grouped_allgather_async(tensors=[as_array(t) for t in tensors], name=name, process_set=process_set)
     return Handle(handle, _each_out_of_place(tensors))
 
 
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start copying the root rank's `tensor` (a global rank) to every rank of `process_set`; the
     handle gives a new tensor."""
     return Handle(core.broadcast_async(tensor=as_array(tensor), root_rank=root_rank, name=name,
                                        process_set=process_set), _out_of_place(tensor))
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """broadcast_async into `tensor` itself (through a copy where it is not contiguous)."""
     array = as_array(tensor)
     if array.flags.c_contiguous and tensor.dtype != torch.bfloat16:
@@ -136,11 +149,13 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return Handle(copy, lambda result: tensor.copy_(result))
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     return broadcast_async_(tensor, root_rank, name, process_set).wait()
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
     """Start sending block j of the first dimension to rank j (of `process_set`). With `splits`
     (rows per rank) the handle gives (tensor, rows received from each rank), as Horovod's."""
     return alltoall_pair_async(tensor, splits, name, process_set, pair=splits is not None)
@@ -156,16 +171,18 @@ def alltoall_pair_async(tensor, splits, name, process_set, pair):
     return Handle(handle, lambda result: (as_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
-def reducescatter_async(tensor, name=None, op=core.Average, process_set=global_process_set, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = core.Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
     """Start combining every rank's `tensor` and keep this rank's share of the first dimension."""
     handle = core.reducescatter_async(tensor=as_array(tensor), op=op, name=name, prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, process_set=process_set)
     return Handle(handle, _out_of_place(tensor))
 
 
-def grouped_reducescatter_async(tensors, name=None, op=core.Average, process_set=global_process_set,
-                                prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp | None = core.Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     handle = core.grouped_reducescatter_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                               process_set=process_set)
