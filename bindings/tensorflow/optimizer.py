@@ -1,14 +1,19 @@
 """DistributedOptimizer for TensorFlow: a tf.compat.v1 optimizer whose compute_gradients()
 averages the gradients over every rank, or for a Keras optimizer the Keras one."""
 
+import typing
+
 import keras
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import allreduce_gradients, is_variable
 from ringreduce.training import options
+from ringreduce.training.load_balancing import LoadBalancer
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -41,11 +46,14 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
-                         op=core.Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True,
-                         staleness=0, weight_prediction=True, load_balancer=None):
+def DistributedOptimizer(optimizer: typing.Any, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: CompressorLike = Compression.none, sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1, op: ReduceOp = core.Average,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: typing.Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True, staleness: int = 0, weight_prediction: bool = True,
+                         load_balancer: LoadBalancer | None = None) -> typing.Any:
     """`optimizer` with its gradients averaged over the ranks of `process_set`: a tf.compat.v1.train.Optimizer, or a
     Keras optimizer (then ringreduce.tensorflow.keras.DistributedOptimizer, as Horovod does)."""
     if isinstance(optimizer, keras.optimizers.Optimizer):

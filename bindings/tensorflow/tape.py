@@ -2,6 +2,7 @@
 the gradient averaging that the Keras and TensorFlow optimizers share."""
 
 import itertools
+import typing
 
 import keras
 import numpy as np
@@ -9,7 +10,9 @@ import numpy as np
 import ringreduce as core
 import tensorflow as tf
 from ringreduce.numerics import compression as compressors
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.tensorflow import tensors
 from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.training import options, presence
@@ -106,7 +109,8 @@ class StaleAverages:
 
     _made = itertools.count()  # each its own request name: an earlier one's last averages may be in flight
 
-    def __init__(self, op=core.Average, compression=Compression.none, process_set=global_process_set):
+    def __init__(self, op: ReduceOp = core.Average, compression: CompressorLike = Compression.none,
+                 process_set: ProcessSet = global_process_set) -> None:
         self.op, self.process_set = op, process_set
         self._engine_compression = in_engine(compression)
         self._compression = compression if self._engine_compression is None else None
@@ -152,9 +156,11 @@ class DistributedGradientTape:
     Every rank must ask for the gradients of the same sources in the same order.
     """
 
-    def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
-                 sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 process_set=global_process_set, scale_local_gradients=True):
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression: CompressorLike = Compression.none, sparse_as_dense: bool = False,
+                 op: ReduceOp = core.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: typing.Any = None, process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
         options.check(op, compression, gradient_predivide_factor)
         options.groups(num_groups, groups, is_variable, "tf.Variable")
         self._tape = gradtape
@@ -163,11 +169,12 @@ class DistributedGradientTape:
         self.scale_local_gradients, self.process_set = scale_local_gradients, process_set
         self._local_sources = set()
 
-    def register_local_source(self, source):
+    def register_local_source(self, source: tf.Variable) -> None:
         """Keep this source's gradient local: not combined over ranks."""
         self._local_sources.add(id(source))
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target: typing.Any, sources: typing.Any, output_gradients: typing.Any = None,
+                 **kwargs) -> typing.Any:
         gradients = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat_sources, flat = tf.nest.flatten(sources), tf.nest.flatten(gradients)
         shared = [i for i, s in enumerate(flat_sources) if id(s) not in self._local_sources]
@@ -191,10 +198,12 @@ class DistributedGradientTape:
         return getattr(self._tape, attribute)
 
 
-def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
-                                   sparse_as_dense=False, op=core.Average, gradient_predivide_factor=1.0,
-                                   num_groups=0, groups=None, process_set=global_process_set, local_layers=None,
-                                   scale_local_gradients=True):
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                                   compression: CompressorLike = Compression.none, sparse_as_dense: bool = False,
+                                   op: ReduceOp = core.Average, gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups: typing.Any = None,
+                                   process_set: ProcessSet = global_process_set, local_layers: typing.Any = None,
+                                   scale_local_gradients: bool = True) -> DistributedGradientTape:
     """DistributedGradientTape whose `local_layers` (a Keras layer or several) keep their
     gradients to each rank, as Horovod's."""
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,

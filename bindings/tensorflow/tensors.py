@@ -18,6 +18,8 @@ arrays live. Names are never prefixed by the name scope, so `ignore_name_scope` 
 
 import contextlib
 import weakref
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 
@@ -26,17 +28,24 @@ import tensorflow as tf
 from ringreduce import ops, process_sets
 from ringreduce.collectives import grouped_names
 from ringreduce.numerics import compression as compressors
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.tensorflow import graph_errors
 from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.training import gradients
 
+# What the collectives take: a tensor, a variable, tf.IndexedSlices for allreduce, or anything
+# tf.convert_to_tensor takes.
+TensorLike: TypeAlias = tf.types.experimental.TensorLike | tf.Variable | tf.IndexedSlices
+
 _last_collective = weakref.WeakKeyDictionary()  # graph -> its latest collective node
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
-              ignore_name_scope=False):
+def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
+              compression: CompressorLike = Compression.none, op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor | tf.IndexedSlices:
     """Combine `tensor` over every rank of `process_set` (Average by default). A tf.IndexedSlices
     is gathered instead (its values and indices), Average dividing the values by the size, as
     Horovod."""
@@ -44,9 +53,11 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
                      process_set, grouped=False)[0]
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
-                      op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
-                      ignore_name_scope=False, name=None):
+def grouped_allreduce(tensors: Sequence[TensorLike], average: bool | None = None, device_dense: str = "",
+                      device_sparse: str = "", compression: CompressorLike = Compression.none,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                      name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """allreduce of several tensors submitted together, so that they fuse; one graph node."""
     return _combined(list(tensors), ops.from_average(op, average), compression, prescale_factor, postscale_factor,
                      name, process_set, grouped=True)
@@ -105,13 +116,15 @@ def _combined(tensors, op, compression, prescale_factor, postscale_factor, name,
     return results
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Every rank's tensor concatenated along the first dimension (which may differ by rank), in
     the order of `process_set`'s ranks."""
     return grouped_allgather([tensor], name, ignore_name_scope, process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[TensorLike], name: str | None = None, ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     values = [_value(t) for t in tensors]
 
     def backward(upstream):
@@ -129,7 +142,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
         tensors=arrays, name=base, process_set=process_set), _rows_unknown(ts)), backward, values)
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """The root rank's tensor (root_rank is a global rank), on every rank of `process_set`."""
     def backward(upstream):
         averaged = allreduce(upstream[0], op=gradients.GATHERED_GRADIENT_OP, process_set=process_set)
@@ -141,7 +155,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
         same_shapes(ts)), backward, [_value(tensor)])[0]
 
 
-def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list:
     """Assign the root rank's values to every rank's variables; returns the updated variables
     (in a graph, their values after the assignment, which running them makes)."""
     return [variable.assign(broadcast(variable, root_rank, None if name is None else f"{name}.{index}",
@@ -149,7 +164,9 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
             for index, variable in enumerate(list(variables))]
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | None = None,
+             ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
     """Block j of the first dimension to rank j (of `process_set`); without `splits` it is divided
     equally. With `splits` the result is (tensor, rows received from each rank), as Horovod."""
     given = splits is not None
@@ -175,32 +192,36 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     return (result, exchanged[1]) if given else result
 
 
-def reducescatter(tensor, device_dense="", compression=Compression.none, op=core.Average, name=None,
-                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: TensorLike, device_dense: str = "", compression: CompressorLike = Compression.none,
+                  op: ReduceOp | None = core.Average, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Combine every rank's tensor; this rank keeps its share of the first dimension (the first
     ranks one row more where it does not divide evenly)."""
     return _grouped_reducescatter([tensor], compression, op, prescale_factor, postscale_factor, name, process_set)[0]
 
 
-def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=core.Average,
-                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
+                          compression: CompressorLike = Compression.none, op: ReduceOp | None = core.Average,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
     return _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, None, process_set)
 
 
-def size_op(process_set_id=0, name=None):
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """The number of ranks of a process set (by its id; 0, the whole job), as a tensor."""
     return tf.constant(process_sets.by_id(process_set_id).size(), dtype=tf.int32, name=name)
 
 
-def local_size_op(name=None):
+def local_size_op(name: str | None = None) -> tf.Tensor:
     return tf.constant(core.local_size(), dtype=tf.int32, name=name)
 
 
-def rank_op(name=None):
+def rank_op(name: str | None = None) -> tf.Tensor:
     return tf.constant(core.rank(), dtype=tf.int32, name=name)
 
 
-def local_rank_op(name=None):
+def local_rank_op(name: str | None = None) -> tf.Tensor:
     return tf.constant(core.local_rank(), dtype=tf.int32, name=name)
 
 
