@@ -1,13 +1,16 @@
 """A Keras optimizer whose gradients are averaged over every rank before they are applied."""
 
 import sys
+import typing
 
 import keras
 import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import CompressorLike
+from ringreduce.ops import ReduceOp
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.tensorflow.compression import Compression
 from ringreduce.tensorflow.tape import (
     StaleAverages,
@@ -18,14 +21,18 @@ from ringreduce.tensorflow.tape import (
     powersgd_average,
 )
 from ringreduce.training import options
+from ringreduce.training.load_balancing import LoadBalancer
 from ringreduce.training.powersgd import PowerSGD
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average,
-                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True, staleness=0,
-                         weight_prediction=True, load_balancer=None):
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: CompressorLike = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: ReduceOp = core.Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0, groups: typing.Any = None,
+                         process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True,
+                         staleness: int = 0, weight_prediction: bool = True,
+                         load_balancer: LoadBalancer | None = None) -> keras.optimizers.Optimizer:
     """Wrap a Keras optimizer: it averages the gradients over the ranks of `process_set`, then applies them as before.
 
         optimizer = rr.DistributedOptimizer(keras.optimizers.Adam(0.001 * rr.size()))
@@ -158,9 +165,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     return wrapped
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
-                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=core.Average, groups=None,
-                                process_set=global_process_set, local_layers=None, scale_local_gradients=True):
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: CompressorLike = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: ReduceOp = core.Average, groups: typing.Any = None,
+                                process_set: ProcessSet = global_process_set, local_layers: typing.Any = None,
+                                scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """DistributedOptimizer whose `local_layers` (a Keras layer or several) keep their gradients
     to each rank, as Horovod's."""
     if op not in (core.Average, core.Sum):
