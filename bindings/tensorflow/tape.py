@@ -28,9 +28,8 @@ def allreduce_gradients(gradients, variables, labels, op=core.Average, compressi
     are fixed when it is built, a gradient None on some ranks only is a ValueError instead that
     names it and the ranks. tf.IndexedSlices (from embedding lookups) are gathered, as Horovod
     does, or made dense first with `sparse_as_dense`. With Average, `gradient_predivide_factor` f
-    divides by f before the sum and by size / f after it. `labels` name the gradients in errors."""
-    if gradient_predivide_factor != 1.0 and op != core.Average:
-        raise ValueError("gradient_predivide_factor needs op=Average")
+    divides by f before the sum and by size / f after it (the callers' options were checked by
+    ringreduce.training.options when they were built). `labels` name the gradients in errors."""
     if sparse_as_dense:
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
     kinds = [presence.MISSING if g is None else presence.SPARSE if isinstance(g, tf.IndexedSlices)
@@ -112,8 +111,9 @@ class StaleAverages:
     def __init__(self, op: ReduceOp = core.Average, compression: CompressorLike = Compression.none,
                  process_set: ProcessSet = global_process_set) -> None:
         self.op, self.process_set = op, process_set
-        self._engine_compression = in_engine(compression)
-        self._compression = compression if self._engine_compression is None else None
+        engine = in_engine(compression)
+        self._compression = compression if engine is None else None  # one of the user's own
+        self._engine_compression = engine or compressors.Compression.none
         self._pending = None  # the handle of the last call's results
         self._last_contexts = None  # the user's compressor's contexts of the last call's gradients
         self._name = f"stale_gradients.{next(self._made)}"
@@ -125,16 +125,17 @@ class StaleAverages:
         if self._compression is None:
             return tensors.run_on_values("stale", "stale", values, self._exchange, tensors.same_shapes(values))
         packed = compressors.compress_all(self._compression, values, [f"{self._name}.{i}" for i in range(len(values))])
-        sent = [t for t, _ in packed]
-        contexts, self._last_contexts = self._last_contexts or [c for _, c in packed], [c for _, c in packed]
+        sent, contexts = [t for t, _ in packed], [c for _, c in packed]
+        arrived_contexts = self._last_contexts or contexts  # what arrives is the last call's
+        self._last_contexts = contexts
         arrived = tensors.run_on_values("stale", "stale", sent, self._exchange, tensors.same_shapes(sent))
-        return [self._compression.decompress(a, c) for a, c in zip(arrived, contexts, strict=True)]
+        return [self._compression.decompress(a, c) for a, c in zip(arrived, arrived_contexts, strict=True)]
 
     def _exchange(self, arrays, _):
         last = self._pending.wait() if self._pending is not None else [np.zeros_like(a) for a in arrays]
-        engine = self._engine_compression or compressors.Compression.none
         self._pending = core.grouped_allreduce_async_([np.array(a) for a in arrays], op=self.op, name=self._name,
-                                                      compression=engine, process_set=self.process_set)
+                                                      compression=self._engine_compression,
+                                                      process_set=self.process_set)
         return last
 
 

@@ -193,7 +193,7 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
 
 
 def reducescatter(tensor: TensorLike, device_dense: str = "", compression: CompressorLike = Compression.none,
-                  op: ReduceOp | None = core.Average, name: str | None = None,
+                  op: ReduceOp = core.Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Combine every rank's tensor; this rank keeps its share of the first dimension (the first
@@ -202,7 +202,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "", compression: Compr
 
 
 def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
-                          compression: CompressorLike = Compression.none, op: ReduceOp | None = core.Average,
+                          compression: CompressorLike = Compression.none, op: ReduceOp = core.Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[tf.Tensor]:
     return _grouped_reducescatter(tensors, compression, op, prescale_factor, postscale_factor, None, process_set)

@@ -86,15 +86,23 @@ class ModelAverage:
         self._last = None  # with compression: the weights right after the last average
         self._anchors = None  # with an outer step: the anchors
 
-    def __call__(self, weights: list, process_set: ProcessSet, outer: bool = True) -> None:
-        """Average `weights` in place; `outer=False` (a warm-up's average) skips the outer step."""
+    def __call__(self, weights: list, process_set: ProcessSet, outer: bool = True, in_full: list = ()) -> None:
+        """Average `weights` in place; `outer=False` (a warm-up's average) skips the outer step.
+        `in_full` (an optimizer's state, batch normalization's statistics) is averaged in place in
+        the same cycle, always whole and never stepped."""
         compressed = self._compression is not Compression.none
         if self._last is None:
-            collectives.grouped_allreduce_(weights, op=Average, name=self.name, process_set=process_set)
+            collectives.grouped_allreduce_([*weights, *in_full], op=Average, name=self.name, process_set=process_set)
         else:
             changes = [w - last for w, last in zip(weights, self._last, strict=True)]
-            collectives.grouped_allreduce_(changes, op=Average, name=f"{self.name}.changes",
-                                           compression=self._compression, process_set=process_set)
+            handles = [collectives.grouped_allreduce_async_(changes, op=Average, name=f"{self.name}.changes",
+                                                            compression=self._compression, process_set=process_set)]
+            if in_full:
+                handles.append(collectives.grouped_allreduce_async_(list(in_full), op=Average,
+                                                                    name=f"{self.name}.in_full",
+                                                                    process_set=process_set))
+            for handle in handles:
+                collectives.synchronize(handle)
             for weight, last, change in zip(weights, self._last, changes, strict=True):
                 last += change
                 weight[...] = last

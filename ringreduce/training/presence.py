@@ -32,7 +32,7 @@ def stand_ins(kinds: Sequence[int], labels: Sequence[str], name: str,
         return []
     dense, sparse, _ = _anywhere(kinds, name, process_set)
     if (dense & sparse).any():
-        every = _every_ranks(kinds, name, process_set)
+        every = _every_ranks_kinds(kinds, name, process_set)
         index = int(np.flatnonzero(dense & sparse)[0])
         raise ValueError(f"the gradient of {labels[index]} is dense on {_ranks(every, index, process_set, DENSE)} "
                          f"but sparse on {_ranks(every, index, process_set, SPARSE)}; make it dense everywhere "
@@ -51,7 +51,7 @@ def check_all_or_none(kinds: Sequence[int], labels: Sequence[str], name: str,
     partly = np.flatnonzero(missing & (dense | sparse))
     if not len(partly):
         return
-    every = _every_ranks(kinds, name, process_set)
+    every = _every_ranks_kinds(kinds, name, process_set)
     lacking = "; ".join(f"{labels[i]} (None on {_ranks(every, i, process_set, MISSING)} but not on "
                         f"{_ranks(every, i, process_set, DENSE, SPARSE)})" for i in partly)
     raise ValueError(f"inside a graph, a gradient must be present on every rank or on none: {lacking}; compute the "
@@ -66,7 +66,7 @@ def _anywhere(kinds, name, process_set):
     return np.split(anywhere, 3)
 
 
-def _every_ranks(kinds, name, process_set):
+def _every_ranks_kinds(kinds, name, process_set):
     row = np.asarray([list(kinds)], dtype=np.uint8)
     return np.asarray(collectives.allgather(row, name=f"{name}.every_rank", process_set=process_set))
 

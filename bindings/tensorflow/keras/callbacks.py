@@ -162,21 +162,17 @@ class LocalSGDCallback(keras.callbacks.Callback):
         process_set = self._set_for(step)
         if process_set is None:
             return
+        # The trainable weights take the outer step and travel as changes; the rest goes in full:
+        # the model's other variables (batch normalization's statistics), the optimizer's state.
         weights = list(self.model.trainable_variables)
-        values = [np.array(v.numpy()) for v in weights]
-        self._average(values, process_set, outer=step >= self.warmup_steps)
-        for variable, value in zip(weights, values, strict=True):
-            variable.assign(value)
-        # The rest in full: the model's other variables (batch normalization's statistics) and the
-        # optimizer's floating state.
         rest = list(self.model.non_trainable_variables)
         optimizer = self.model.optimizer
         if self.average_optimizer_state and optimizer is not None:
             rest += [v for v in optimizer.variables if v.dtype in ("float16", "bfloat16", "float32", "float64")]
-        values = [np.array(v.numpy()) for v in rest]
-        if values:
-            core.grouped_allreduce_(values, op=core.Average, name="keras.local_sgd.rest", process_set=process_set)
-        for variable, value in zip(rest, values, strict=True):
+        values = [np.array(v.numpy()) for v in weights + rest]
+        self._average(values[:len(weights)], process_set, outer=step >= self.warmup_steps,
+                      in_full=values[len(weights):])
+        for variable, value in zip(weights + rest, values, strict=True):
             variable.assign(value)
 
 
