@@ -82,7 +82,7 @@ cluster:
 # Random collectives across 3 ranks, each checked against numpy (the tests run a short one).
 SOAK_COUNT ?= 50000
 soak: install
-	$(RRUN) -np 3 $(PYTHON) tests/workers/soak.py $(SOAK_COUNT) $(shell date +%s)
+	$(RRUN) -np 3 $(PYTHON) tests/jobs/core/soak.py $(SOAK_COUNT) $(shell date +%s)
 
 # Horovod's own suites (a work tree of github.com/horovod/horovod at v0.28.1, given as HOROVOD=path)
 # against ringreduce, under rrun at NP ranks; their helpers need mock, cloudpickle and parameterized.
@@ -91,8 +91,8 @@ conformance: install
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check mock cloudpickle packaging parameterized
 	PYTHON=$(PYTHON) tests/conformance/horovod.sh $(HOROVOD) $(NP)
 
-# ruff, and the direction of imports (tests/test_layers.py states it as a contract that fails).
+# ruff, and the direction of imports (tests/unit/test_layers.py states it as a contract that fails).
 lint: install
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_layers.py
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/unit/test_layers.py

@@ -2,7 +2,7 @@
 # The GPU check, for a machine with an NVIDIA GPU, CuPy and PyTorch, and no network:
 #   1. installs mpich, mpi4py (from the wheels in .wheels/, which `make gpu-wheels` fetches on a
 #      machine with network) and ringreduce itself into the Python that holds CuPy;
-#   2. runs the GPU tests (tests/test_gpu.py at 1 and 2 ranks sharing the GPU, and the GPU
+#   2. runs the GPU tests (tests/jobs/gpu/test_gpu.py at 1 and 2 ranks sharing the GPU, and the GPU
 #      path's unit tests);
 #   3. runs the synthetic training example on the GPU at 1 and 2 ranks;
 #   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
@@ -40,7 +40,7 @@ timeout "$(limit 60)" rrun --check-build
   || { echo "no usable GPU: this check would prove nothing here"; exit 3; }
 
 echo "== GPU tests"
-timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_gpu_logic.py
+timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/jobs/gpu/test_gpu.py tests/unit/test_gpu_logic.py
 tests=$?
 
 echo "== the synthetic training example on the GPU (gradients allreduced on the GPU)"

@@ -3,7 +3,7 @@
 # between the hosts limited to RATE by the kernel's traffic shaper: tc's tbf on each host's end
 # (this kernel has no netem: the link is slow by rate, not by delay). Needs root; the shaping is
 # removed at the end. The hosts share this machine's cores, so each rank gets one thread (rrun
-# would give each "host" all of them), and the job uses MPICH's OFI module (see tests/launch.py).
+# would give each "host" all of them), and the job uses MPICH's OFI module (see tests/support/launch.py).
 # Usage: slow_link.sh [RATE [LABEL]]   e.g. slow_link.sh 1gbit "1 Gbit/s"
 set -eu
 rate=${1:-1gbit}

@@ -3,8 +3,8 @@ import os
 import pathlib
 import sys
 
-# The tests import their helpers (launch, cases) as top-level modules.
-sys.path.insert(0, os.path.dirname(__file__))
+# The tests (and their workers) import the helpers of tests/support as top-level modules.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))
 
 
 import pytest  # noqa: E402
@@ -73,10 +73,20 @@ def _starts_ranks(item):
     return False
 
 
+UNIT, JOBS = pathlib.Path(__file__).parent / "unit", pathlib.Path(__file__).parent / "jobs"
+
+
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        if isinstance(item, pytest.Function) and _starts_ranks(item):
+        starts_ranks = isinstance(item, pytest.Function) and _starts_ranks(item)
+        if starts_ranks:
             item.add_marker(pytest.mark.mpi)
+        if (starts_ranks and UNIT in item.path.parents) or (not starts_ranks and JOBS in item.path.parents):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError("tests/unit holds the tests that start no ranks and tests/jobs those that do; "
+                                "in the wrong folder: " + ", ".join(misplaced))
 
 
 def pytest_runtest_setup(item):

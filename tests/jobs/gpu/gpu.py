@@ -1,0 +1,88 @@
+"""Collectives on CuPy arrays (and CUDA torch tensors); saves host copies of the results.
+Usage: gpu.py OUT_DIR [mismatch]"""
+
+import os
+import sys
+
+import cupy
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+import gpu_cases  # noqa: E402
+
+import ringreduce as rr  # noqa: E402
+from ringreduce import runtime  # noqa: E402
+from ringreduce.training.powersgd import PowerSGD  # noqa: E402
+
+import cases  # noqa: E402
+
+rr.init()
+rank, size = rr.rank(), rr.size()
+if sys.argv[2:] == ["mismatch"]:  # numpy on rank 0, CuPy elsewhere: every rank gets the same error
+    array = cases.values(rank, "float32", 8)
+    try:
+        rr.allreduce(array if rank == 0 else cupy.asarray(array), name="mixed")
+    except rr.MismatchError as error:
+        print(f"caught: {error}")
+    rr.shutdown()
+    sys.exit(0)
+
+
+def on_gpu(result):
+    assert isinstance(result, cupy.ndarray), type(result)
+    assert result.device.id == cupy.cuda.Device().id
+    return result.get()
+
+
+out = {"device": np.array(cupy.cuda.Device().id), "transport": np.array(runtime.active().gpu_transport)}
+for dtype in ("float32", "float64", "int64", "int16", "uint8"):
+    out[f"allreduce-{dtype}"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, dtype, 1001)), op=rr.Sum))
+out["allreduce-average"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "float32", 1001))))
+out["allreduce-scaled"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "float32", 1001)), op=rr.Sum,
+                                              prescale_factor=0.5, postscale_factor=3.0))
+out["allreduce-fp16"] = on_gpu(rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 1001)), op=rr.Sum,
+                                            compression=rr.Compression.fp16))
+out["allreduce-bool-max"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "bool", 77)), op=rr.Max))
+lengths = (1, 1000, 33, 0, 4097)
+group = rr.grouped_allreduce([cupy.asarray(cases.values(rank, "float32", n, salt=i)) for i, n in enumerate(lengths)],
+                             op=rr.Sum)
+for i, result in enumerate(group):
+    out[f"grouped-{i}"] = on_gpu(result)
+half = rr.grouped_allreduce([cupy.asarray(cases.normal(rank, "float32", n)) for n in lengths], op=rr.Average,
+                            compression=rr.Compression.fp16, name="half")
+for i, result in enumerate(half):
+    out[f"grouped-fp16-{i}"] = on_gpu(result)
+in_place = cupy.asarray(cases.values(rank, "float64", 33))
+rr.allreduce_(in_place, op=rr.Max)
+out["allreduce_-max"] = in_place.get()
+strided = cupy.asarray(cases.values(rank, "float32", 64).reshape(8, 8)).T  # not contiguous
+out["allreduce-strided"] = on_gpu(rr.allreduce(strided, op=rr.Sum))
+out["allgather"] = on_gpu(rr.allgather(cupy.asarray(cases.values(rank, "int32", 2 * (rank + 1)).reshape(rank + 1, 2))))
+out["broadcast"] = on_gpu(rr.broadcast(cupy.asarray(cases.values(rank, "float32", 10)), root_rank=size - 1))
+target = cupy.asarray(cases.values(rank, "float32", 10))
+rr.broadcast_(target, root_rank=0)
+out["broadcast_"] = target.get()
+out["reducescatter"] = on_gpu(rr.reducescatter(cupy.asarray(cases.values(rank, "float32", 5 * 3).reshape(5, 3)),
+                                               op=rr.Sum))
+out["alltoall"] = on_gpu(rr.alltoall(cupy.asarray(np.full((2 * size, 2), rank, np.int64))))
+# PowerSGD on the GPU, at a rank at which it is exact.
+gradients = {"w": cupy.asarray(gpu_cases.low_rank_matrix(rank)), "b": cupy.asarray(cases.values(rank, "float32", 10))}
+PowerSGD(matrix_approximation_rank=2, start_powerSGD_iter=0).average(gradients)
+for name, array in gradients.items():
+    out[f"powersgd-{name}"] = on_gpu(array)
+
+import torch  # noqa: E402
+
+if torch.cuda.is_available():
+    import ringreduce.torch as rrt
+
+    tensor = torch.as_tensor(cases.values(rank, "float32", 100), device="cuda") * 1  # made on torch's stream
+    result = rrt.allreduce(tensor, op=rrt.Sum)
+    assert result.is_cuda, result.device
+    out["torch-allreduce"] = result.cpu().numpy()
+    model = torch.nn.Linear(4, 3).cuda()
+    torch.nn.init.constant_(model.weight, float(rank))
+    rrt.broadcast_parameters(model.state_dict(), root_rank=0)
+    out["torch-broadcast"] = model.weight.detach().cpu().numpy()
+np.savez(os.path.join(sys.argv[1], f"rank{rank}.npz"), **out)
+rr.shutdown()

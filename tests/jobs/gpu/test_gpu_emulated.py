@@ -1,0 +1,51 @@
+"""The GPU path end to end on machines without a GPU: tests/jobs/gpu/gpu.py (every collective on
+CuPy arrays) under the real rrun and MPI, with the emulated CuPy of tests/emulated_cupy on the
+job's PYTHONPATH (its NCCL is MPI on host memory). Device tagging, the transport choice at init,
+the device executor, the NCCL family's calls (ragged blocks padded), MPI on device buffers and the
+staging transport (chunks, copies, the host algorithms underneath) run for real; CUDA itself is tested by
+test_gpu.py on a GPU."""
+
+import os
+
+import gpu_cases
+import numpy as np
+import pytest
+
+from launch import TESTS, run_job
+
+EMULATED = os.path.join(TESTS, "support", "emulated_cupy")
+
+
+def emulated(**variables):
+    path = os.pathsep.join(p for p in (EMULATED, os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, **variables}
+
+
+@pytest.mark.parametrize("ranks, variables, transport", [
+    (1, {}, "nccl"),
+    (2, {}, "nccl"),  # auto: every rank has NCCL and a GPU of its own
+    (3, {"RINGREDUCE_GPU_TRANSPORT": "nccl"}, "nccl"),
+    (2, {"EMULATED_CUPY_SHARED_GPU": "1"}, "staged"),  # two ranks on one GPU: NCCL would refuse them
+    # MPI takes the emulated device arrays (host memory) as buffers; the override says it may.
+    (2, {"EMULATED_CUPY_SHARED_GPU": "1", "RINGREDUCE_CUDA_AWARE_MPI": "1"}, "mpi"),
+    # Chunks of 1 KiB split the 4 KiB arrays, so the staged allreduce pipelines several.
+    (3, {"RINGREDUCE_GPU_TRANSPORT": "staged", "RINGREDUCE_PIPELINE_CHUNK_BYTES": "1024"}, "staged"),
+])
+def test_every_collective_on_emulated_cupy_arrays(tmp_path, ranks, variables, transport):
+    job = run_job(ranks, "gpu/gpu.py", tmp_path, env=emulated(**variables), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(ranks):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        assert str(got["transport"]) == transport
+        gpu_cases.check(got, rank, ranks)
+
+
+def test_numpy_on_one_rank_and_emulated_cupy_on_the_other_is_named_on_both(tmp_path):
+    gpu_cases.check_mismatch(run_job(2, "gpu/gpu.py", tmp_path, "mismatch", env=emulated(), timeout=120))
+
+
+def test_asking_for_nccl_with_two_ranks_on_one_gpu_fails_at_init(tmp_path):
+    env = emulated(RINGREDUCE_GPU_TRANSPORT="nccl", EMULATED_CUPY_SHARED_GPU="1")
+    job = run_job(2, "gpu/gpu.py", tmp_path, env=env, timeout=120)
+    assert job.returncode != 0
+    assert "RINGREDUCE_GPU_TRANSPORT=nccl but NCCL is not available on every rank" in job.stderr

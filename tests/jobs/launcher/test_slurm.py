@@ -1,0 +1,100 @@
+"""Slurm for real on the two-host test cluster (tests/cluster/slurm_up.sh): batch scripts that
+exec rrun, srun as the launcher, binding, a preemption notice and a lost node. They skip, saying
+why, where the cluster or Slurm cannot run, and fail instead under RINGREDUCE_REQUIRE_CLUSTER=1."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringreduce import checkpoint
+
+from launch import JOBS, ON_HOSTA, SLURM_CONF, require_cluster, slurm_missing
+
+PYTHON = sys.executable
+RRUN = f"{PYTHON} -m ringreduce.launcher -i rrnet0"
+
+
+@pytest.fixture(autouse=True)
+def slurm_cluster():
+    if slurm_missing():
+        require_cluster(slurm_missing())
+
+
+def slurm(*command, timeout=120):
+    """A Slurm command, run on hosta."""
+    return subprocess.run(ON_HOSTA + list(command), env=dict(os.environ, SLURM_CONF=SLURM_CONF),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def batch(tmp_path, body, *sbatch_args, wait=True):
+    """Submit a batch script; with `wait`, return when it has ended. (result, its output file)"""
+    script, output = tmp_path / "job.sh", tmp_path / "job.out"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    result = slurm("sbatch", "--parsable", "-o", str(output), *(["--wait"] if wait else []), *sbatch_args,
+                   str(script), timeout=180)
+    return result, output
+
+
+def ranks_said(output):
+    """Each rank's JSON line of the job's output, by rank."""
+    lines = [line.split(":", 1) for line in output.read_text().splitlines() if line.startswith("[")]
+    return {int(tag[1:tag.index("]")]): json.loads(text) for tag, text in lines if tag.endswith("<stdout>")}
+
+
+def test_a_batch_script_that_execs_rrun_runs_where_slurm_placed_it_without_ssh(tmp_path):
+    """No ssh anywhere (a `ssh` that always fails comes first on PATH): rrun checks no host, and
+    mpiexec starts its daemons through Slurm. Every rank is bound to a core as asked."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ssh").write_text("#!/bin/sh\necho 'ssh is not allowed here' >&2\nexit 255\n")
+    (fake / "ssh").chmod(0o755)
+    result, output = batch(tmp_path, f"export PATH={fake}:$PATH\nexec {RRUN} --bind-to core {PYTHON} "
+                                     f"{JOBS}/launcher/slurm_job.py", "-N", "2", "--ntasks-per-node=1")
+    assert result.returncode == 0, output.read_text()[-3000:] if output.exists() else result.stderr
+    said = ranks_said(output)
+    assert sorted(said) == [0, 1] and {s["host"] for s in said.values()} == {"hosta", "hostb"}
+    assert all(s["size"] == 2 and s["sum"] == [3.0, 3.0, 3.0] and len(s["cpus"]) == 1 for s in said.values())
+
+
+def test_srun_starts_the_ranks_and_init_names_a_world_mpi_does_not_see():
+    good = slurm("srun", "-N", "2", "-n", "2", "--mpi=pmi2", PYTHON, f"{JOBS}/launcher/slurm_job.py")
+    assert good.returncode == 0, good.stderr[-3000:]
+    said = [json.loads(line) for line in good.stdout.splitlines()]
+    assert sorted(s["rank"] for s in said) == [0, 1] and all(s["sum"] == [3.0, 3.0, 3.0] for s in said)
+    wrong = slurm("srun", "-N", "2", "-n", "2", "--mpi=none", PYTHON, f"{JOBS}/launcher/slurm_job.py")
+    assert wrong.returncode != 0
+    assert "srun started 2 tasks in this step but MPI reports a world of 1" in wrong.stderr, wrong.stderr[-3000:]
+
+
+def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/preempted.py {checkpoints}",
+                           "-N", "2", "--ntasks-per-node=1", wait=False)
+    assert result.returncode == 0, result.stderr
+    job = result.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while not (output.exists() and "training" in output.read_text()):
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    assert slurm("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    while slurm("squeue", "-h", "-j", job).stdout.strip():
+        assert time.monotonic() < deadline + 60, "the job did not end after the notice"
+        time.sleep(0.5)
+    stopped = [line for line in output.read_text().splitlines() if "stopped at step" in line]
+    assert len(stopped) == 2 and len({line.split(":", 1)[1] for line in stopped}) == 1, output.read_text()
+    (saved,) = checkpoints.glob("checkpoint-*.rr")
+    step = int(stopped[0].rsplit(" ", 1)[1])
+    state = checkpoint.read(saved)
+    assert state["step"] == step and state["weights"].tolist() == [2.0 * step] * 4  # both ranks' step, summed
+
+
+def test_a_rank_lost_on_the_other_node_ends_the_job_and_is_named(tmp_path):
+    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/misbehave.py sigkill",
+                           "-N", "2", "--ntasks-per-node=1")
+    assert result.returncode != 0
+    last = output.read_text().strip().splitlines()[-1]
+    assert last == "rrun: rank 1 (on hostb) failed first: killed by signal 9 (SIGKILL)", output.read_text()[-2000:]

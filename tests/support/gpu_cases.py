@@ -1,0 +1,62 @@
+"""What tests/jobs/gpu/gpu.py must have computed, checked against numpy: shared by the tests on a
+real GPU (test_gpu.py) and on the emulated CuPy (test_gpu_emulated.py)."""
+
+import numpy as np
+
+from ringreduce.machine.layout import even_counts, offsets_of
+
+import cases
+
+
+def check(got, rank, size):
+    """Every result of tests/jobs/gpu/gpu.py on `rank` of `size`, against numpy."""
+    for dtype in ("float32", "float64", "int64", "int16", "uint8"):
+        expected = cases.reference_reduce([cases.values(r, dtype, 1001) for r in range(size)], "Sum")
+        np.testing.assert_array_equal(got[f"allreduce-{dtype}"], expected)
+    exact = [cases.values(r, "float32", 1001) for r in range(size)]
+    np.testing.assert_allclose(got["allreduce-average"], np.mean(exact, axis=0), rtol=1e-6)
+    np.testing.assert_allclose(got["allreduce-scaled"], np.sum(exact, axis=0) * 1.5, rtol=1e-6)
+    normal = np.sum([cases.normal(r, "float32", 1001) for r in range(size)], axis=0)
+    np.testing.assert_allclose(got["allreduce-fp16"], normal, rtol=2e-3, atol=4e-3)
+    bools = [cases.values(r, "bool", 77) for r in range(size)]
+    np.testing.assert_array_equal(got["allreduce-bool-max"], np.any(bools, axis=0))
+    for i, n in enumerate((1, 1000, 33, 0, 4097)):
+        expected = np.sum([cases.values(r, "float32", n, salt=i) for r in range(size)], axis=0)
+        np.testing.assert_array_equal(got[f"grouped-{i}"], expected)
+        mean = np.mean([cases.normal(r, "float32", n) for r in range(size)], axis=0)
+        np.testing.assert_allclose(got[f"grouped-fp16-{i}"], mean, rtol=2e-3, atol=4e-3)
+    maxima = np.max([cases.values(r, "float64", 33) for r in range(size)], axis=0)
+    np.testing.assert_array_equal(got["allreduce_-max"], maxima)
+    strided = np.sum([cases.values(r, "float32", 64).reshape(8, 8).T for r in range(size)], axis=0)
+    np.testing.assert_array_equal(got["allreduce-strided"], strided)
+    gathered = [cases.values(r, "int32", 2 * (r + 1)).reshape(r + 1, 2) for r in range(size)]
+    np.testing.assert_array_equal(got["allgather"], np.concatenate(gathered))
+    np.testing.assert_array_equal(got["broadcast"], cases.values(size - 1, "float32", 10))
+    np.testing.assert_array_equal(got["broadcast_"], cases.values(0, "float32", 10))
+    total = np.sum([cases.values(r, "float32", 15).reshape(5, 3) for r in range(size)], axis=0)
+    first = offsets_of(even_counts(5, size))
+    np.testing.assert_array_equal(got["reducescatter"], total[first[rank]:first[rank + 1]])
+    np.testing.assert_array_equal(got["alltoall"], np.repeat(np.arange(size), 2 * 2).reshape(2 * size, 2))
+    matrices = [low_rank_matrix(r) for r in range(size)]
+    np.testing.assert_allclose(got["powersgd-w"], np.mean(matrices, axis=0), rtol=1e-4, atol=1e-4)
+    vectors = [cases.values(r, "float32", 10) for r in range(size)]
+    np.testing.assert_allclose(got["powersgd-b"], np.mean(vectors, axis=0), rtol=1e-6)
+    if "torch-allreduce" in got:
+        np.testing.assert_array_equal(got["torch-allreduce"],
+                                      np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
+        np.testing.assert_array_equal(got["torch-broadcast"], np.zeros((3, 4), np.float32))
+
+
+def low_rank_matrix(rank):
+    """Rank `rank`'s 32 x 24 gradient for PowerSGD: the same rank-2 column space on every rank, so
+    their mean has rank 2 and PowerSGD at rank 2 is exact."""
+    shared = np.random.default_rng(7).standard_normal((32, 2)).astype(np.float32)
+    return shared @ np.random.default_rng(100 + rank).standard_normal((2, 24)).astype(np.float32)
+
+
+def check_mismatch(job):
+    """tests/jobs/gpu/gpu.py with "mismatch": numpy on rank 0, CuPy on rank 1, the same error on both."""
+    assert job.returncode == 0, job.stderr[-3000:]
+    for rank in range(2):
+        assert ("caught: allreduce 'mixed' does not match across ranks: array device cpu on rank 0 but cuda on "
+                "rank 1") in job.lines_of(rank)[-1]

@@ -1,0 +1,114 @@
+"""The elastic launcher's logic without ranks: setting failed hosts aside, reading the discovery
+script, the sampler's split after a resize, finding a rank's host, rrun's link telling a late
+rank of new hosts; and the one-process replay (tests/support/elastic_replay.py) the jobs are
+compared with, which must tell sizes apart."""
+
+import json
+import socket
+import time
+
+import pytest
+from elastic_replay import discovery_script, replay
+
+from ringreduce.launcher import elastic, link, protocol
+from ringreduce.launcher.errors import LaunchError
+
+
+def test_the_replay_can_tell_sizes_apart():
+    """The check below would catch a job that ran at another size than it says."""
+    assert replay(2, {0: 2}) != replay(2, {0: 2, 9: 3})
+
+
+class TestLogic:
+    def test_a_failed_host_is_set_aside_for_the_cooldown_doubled_with_each_failure(self):
+        now = [0.0]
+        aside = elastic.SetAside((10, 25), clock=lambda: now[0])
+        hosts = [elastic.hosts.Host("a", 2), elastic.hosts.Host("b", 2)]
+        assert aside.add("b") == 10 and [h.name for h in aside.usable(hosts)] == ["a"]
+        now[0] = 10
+        assert [h.name for h in aside.usable(hosts)] == ["a", "b"]
+        assert aside.add("b") == 20 and aside.add("b") == 25  # doubled, at most the range's top
+
+    def test_without_a_cooldown_a_failed_host_stays_aside(self):
+        aside = elastic.SetAside(None, clock=lambda: 1e9)
+        aside.add("a")
+        assert aside.usable([elastic.hosts.Host("a", 1)]) == [] and "a (for good)" in aside.describe()
+
+    def test_the_discovery_script_s_lines(self, tmp_path):
+        script, _ = discovery_script(tmp_path, ["# hosts", "a:2", "b", "a:1"])
+        with pytest.raises(LaunchError, match="without slots"):
+            elastic.discover(str(script), None)
+        assert elastic.discover(str(script), 4) == [elastic.hosts.Host("a", 3), elastic.hosts.Host("b", 4)]
+        failing = tmp_path / "fail.sh"
+        failing.write_text("#!/bin/sh\necho broken >&2\nexit 2\n")
+        failing.chmod(0o755)
+        with pytest.raises(LaunchError, match="exited with status 2: broken"):
+            elastic.discover(str(failing), None)
+
+    def test_the_sampler_gives_the_rest_of_the_epoch_once_after_a_resize(self, monkeypatch):
+        from ringreduce import runtime
+        from ringreduce.torch.elastic import ElasticSampler
+
+        dataset = list(range(50))
+        taken = []
+
+        def parts(size, batches):
+            samplers = []
+            for rank in range(size):
+                monkeypatch.setattr(runtime, "size", lambda: size)
+                monkeypatch.setattr(runtime, "rank", lambda rank=rank: rank)
+                sampler = ElasticSampler(dataset, seed=3)
+                sampler.load_state_dict(state)
+                samplers.append(sampler)
+            for sampler in samplers:
+                taken.extend(list(sampler)[:batches * 2])
+                sampler.record_batch(batches - 1, 2)
+            return samplers[0].state_dict()
+
+        state = {"epoch": 1, "processed": 0}
+        state = parts(2, 5)  # 20 of 50 taken at 2 ranks
+        assert state == {"epoch": 1, "processed": 20}
+        state = parts(3, 5)  # 30 of the remaining 30 at 3 ranks
+        assert sorted(taken) == list(range(50))
+
+    def test_a_rank_s_host_name_is_found_among_the_discovery_script_s(self):
+        import socket
+
+        assert elastic.placement_host(socket.gethostname(), ["localhost"]) == "localhost"
+        assert elastic.placement_host("hostb", ["hosta.example", "hostb.example"]) == "hostb.example"
+        assert elastic.placement_host("elsewhere", ["localhost"]) == "elsewhere"
+        assert elastic.placement_host(None, ["localhost"]) is None
+
+
+def _kinds_heard(address, seconds=1.5):
+    """The kinds of the notices a rank connecting to rrun's link at `address` hears in `seconds`."""
+    host, port = address.rsplit(":", 1)
+    heard, received = [], b""
+    with socket.create_connection((host, int(port)), timeout=seconds) as connection:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                received += connection.recv(65536)
+            except TimeoutError:
+                break
+            *lines, received = received.split(b"\n")
+            heard += [json.loads(line)["kind"] for line in lines]
+    return [kind for kind in heard if kind != "beat"]
+
+
+def test_a_rank_that_connects_after_the_hosts_changed_is_told_too():
+    """Discovery may find the hosts changed before a generation's ranks have connected to rrun's link
+    (still importing their framework): an announced notice reaches them when they connect; one for
+    the ranks connected at the time does not; a new generation starts without the last one's."""
+    server = link.LinkServer(timeout=30)
+    try:
+        address = server.env(["localhost"])[protocol.LINK_VARIABLE]
+        server.watch(None)
+        server.notify("rank-failed", why="only for the ranks connected")
+        server.announce("hosts-updated")
+        assert _kinds_heard(address) == ["hosts-updated"]
+        server.watch(None)
+        assert _kinds_heard(address) == []
+    finally:
+        server.close()
+

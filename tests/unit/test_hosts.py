@@ -1,0 +1,94 @@
+"""Hosts from -H, hostfiles and Slurm, and how ranks are placed on them, as rrun reads them."""
+
+import pytest
+
+from ringreduce.launcher.cli import python_script, resolve_ranks
+from ringreduce.launcher.errors import LaunchError
+from ringreduce.launcher.hosts import Host, parse_hostfile, parse_hosts, place
+
+
+def test_hosts_option():
+    assert parse_hosts("node1:4,node2:2,node3") == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+@pytest.mark.parametrize("text", ["node1:4,", ":4", "node1:x", "node 1:2", "node1:-1"])
+def test_malformed_hosts_option(text):
+    with pytest.raises(LaunchError, match="is not 'host' or 'host:slots'"):
+        parse_hosts(text)
+
+
+@pytest.mark.parametrize("text", ["node1;rm -rf /", "$(reboot):2", "node`id`", "a|b"])
+def test_hosts_with_shell_metacharacters_are_refused(text, tmp_path):
+    with pytest.raises(LaunchError, match="contains shell metacharacters"):
+        parse_hosts(text)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"node0 slots=1\n{text}\n")
+    with pytest.raises(LaunchError, match=r"line 2 .* contains shell metacharacters"):
+        parse_hostfile(hostfile)
+
+
+def test_hostfile_both_forms_comments_and_blank_lines(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# the cluster\n\nnode1 slots=4   # big one\nnode2:2\n  node3\n")
+    assert parse_hostfile(path) == [Host("node1", 4), Host("node2", 2), Host("node3", 1)]
+
+
+def test_hostfile_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    with pytest.raises(LaunchError, match="names no hosts"):
+        parse_hostfile(empty)
+    with pytest.raises(LaunchError, match="cannot read hostfile"):
+        parse_hostfile(tmp_path / "missing")
+    zero = tmp_path / "zero"
+    zero.write_text("node1 slots=0\n")
+    with pytest.raises(LaunchError, match=r"line 1 \('node1 slots=0'\): the number of slots must be at least 1"):
+        parse_hostfile(zero)
+
+
+def test_placement_fills_hosts_in_order():
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 4)]
+    assert place(hosts, 3) == [("a", 2), ("b", 1)]
+    assert place(hosts, 8) == [("a", 2), ("b", 2), ("c", 4)]
+    with pytest.raises(LaunchError, match="-np 9 is more than the 8 slots given"):
+        place(hosts, 9)
+
+
+SLURM = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+
+
+def test_inside_slurm_without_np_the_allocation_decides():
+    assert resolve_ranks(None, None, None, SLURM) == (8, [("n1", 4), ("n2", 4)])
+
+
+def test_np_inside_slurm_is_left_to_mpiexec_and_outside_slurm_runs_locally():
+    assert resolve_ranks(3, None, None, SLURM) == (3, None)
+    assert resolve_ranks(3, None, None, {}) == (3, None)
+
+
+def test_hosts_without_np_use_every_slot():
+    assert resolve_ranks(None, "a:2,b:1", None, {}) == (3, [("a", 2), ("b", 1)])
+    with pytest.raises(LaunchError, match="not both"):
+        resolve_ranks(None, "a:2", "hostfile", {})
+
+
+@pytest.mark.parametrize("arguments, script", [
+    (["train.py", "--lr", "0.1"], "train.py"),
+    (["-u", "-W", "ignore", "-X", "dev", "train.py"], "train.py"),
+    (["-m", "package.train", "x.py"], None),
+    (["-c", "print(1)"], None),
+    (["-mpackage"], None),
+    ([], None),
+])
+def test_the_script_of_a_python_command_line(arguments, script):
+    assert python_script(arguments) == script
+
+
+def test_hostfiles_as_clusters_write_them(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("node1 slots=4 max_slots=8\nnode2 max_slots=2\nnode3\nnode3\nnode3\nnode1\n")
+    assert parse_hostfile(path) == [Host("node1", 5), Host("node2", 2), Host("node3", 3)]
+    path.write_text("node1 slots=4 max_slots=2\n")
+    with pytest.raises(LaunchError, match=r"line 1 .*: slots=4 is more than max_slots=2"):
+        parse_hostfile(path)
+
