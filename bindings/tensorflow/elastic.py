@@ -10,6 +10,9 @@ ringreduce.tensorflow.keras.elastic (also here, as in Horovod).
         state.commit()
 """
 
+from collections.abc import Sequence
+
+import tensorflow as tf
 from ringreduce.elastic import ObjectState, State, run  # noqa: F401 - Horovod's names, here too
 from ringreduce.errors import HostsUpdatedInterrupt  # noqa: F401
 from ringreduce.tensorflow.keras.elastic import KerasState
@@ -21,7 +24,7 @@ class TensorFlowState(State):
     """Eager TensorFlow variables (tf.Variable or Keras's), and keyword values as attributes
     (`state.epoch`, `state.batch`)."""
 
-    def __init__(self, variables=None, session=None, **kwargs):
+    def __init__(self, variables: Sequence[tf.Variable] | None = None, session: object = None, **kwargs) -> None:
         if session is not None:
             raise ValueError("TensorFlowState keeps eager variables; a tf.compat.v1 Session is not supported")
         self.variables = list(variables or [])

@@ -6,25 +6,28 @@ import numpy as np
 
 import tensorflow as tf
 from ringreduce import point_to_point as core
-from ringreduce.process_sets import global_process_set
-from ringreduce.tensorflow.tensors import raised_as_tensorflow_errors
+from ringreduce.point_to_point import Work
+from ringreduce.process_sets import ProcessSet, global_process_set
+from ringreduce.tensorflow.tensors import TensorLike, raised_as_tensorflow_errors
 
 
-def send(tensor, dst, process_set=global_process_set, tag=0):
+def send(tensor: TensorLike, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> None:
     with raised_as_tensorflow_errors():
         core.send(_eager_value(tensor, "send"), dst, process_set, tag)
 
 
-def recv(tensor, src=None, process_set=global_process_set, tag=0):
+def recv(tensor: tf.Variable, src: int | None = None, process_set: ProcessSet = global_process_set,
+         tag: int = 0) -> int:
     return irecv(tensor, src, process_set, tag).wait()
 
 
-def isend(tensor, dst, process_set=global_process_set, tag=0):
+def isend(tensor: TensorLike, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> Work:
     with raised_as_tensorflow_errors():
         return core.isend(_eager_value(tensor, "isend"), dst, process_set, tag)
 
 
-def irecv(tensor, src=None, process_set=global_process_set, tag=0):
+def irecv(tensor: tf.Variable, src: int | None = None, process_set: ProcessSet = global_process_set,
+          tag: int = 0) -> "_Received":
     if not isinstance(tensor, tf.Variable):
         raise TypeError(f"recv receives into a tf.Variable, got {type(tensor).__name__}")
     array = np.empty(tensor.shape, tensor.dtype.as_numpy_dtype)

@@ -168,7 +168,7 @@ class DistributedGradientTape:
         self.compression, self.op, self.sparse_as_dense = compression, op, sparse_as_dense
         self.gradient_predivide_factor = gradient_predivide_factor
         self.scale_local_gradients, self.process_set = scale_local_gradients, process_set
-        self._local_sources = set()
+        self._local_sources: set[int] = set()
 
     def register_local_source(self, source: tf.Variable) -> None:
         """Keep this source's gradient local: not combined over ranks."""

@@ -39,7 +39,8 @@ from ringreduce.training import gradients
 # tf.convert_to_tensor takes.
 TensorLike: TypeAlias = tf.types.experimental.TensorLike | tf.Variable | tf.IndexedSlices
 
-_last_collective = weakref.WeakKeyDictionary()  # graph -> its latest collective node
+# Each graph's latest collective node.
+_last_collective: weakref.WeakKeyDictionary[tf.Graph, tf.Operation] = weakref.WeakKeyDictionary()
 
 
 def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
@@ -177,7 +178,7 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
                                          process_set=process_set, return_splits=True)
         return [result, np.asarray(received, dtype=np.int64)]
 
-    exchanged = []
+    exchanged: list[tf.Tensor] = []
 
     def forward(ts):
         # The splits travel as a graph input (a second numpy_function input); the rows received
@@ -335,7 +336,7 @@ def _value(tensor):
     return tf.convert_to_tensor(tensor)
 
 
-_ERROR_CLASSES = {}
+_ERROR_CLASSES: dict[type[BaseException], type[BaseException]] = {}
 
 
 @contextlib.contextmanager

@@ -22,6 +22,8 @@ of the epoch, so that after a resize no sample of the epoch is taken twice (see 
 
 import io
 import pickle
+from collections.abc import Sized
+from typing import Any
 
 import torch
 from ringreduce import runtime
@@ -33,7 +35,8 @@ class TorchState(State):
     """A model's and an optimizer's state_dict, the state_dict of any keyword value that has one
     (samplers), and the other keyword values as attributes (`state.epoch`)."""
 
-    def __init__(self, model=None, optimizer=None, **kwargs):
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 **kwargs) -> None:
         self.model, self.optimizer = model, optimizer
         self._names = tuple(kwargs)
         self.__dict__.update(kwargs)
@@ -89,22 +92,22 @@ class ElasticSampler(torch.utils.data.Sampler):
     Every rank gets the same number of samples: up to size()-1 at the epoch's end are left out (as
     DistributedSampler's drop_last), so that none is taken twice."""
 
-    def __init__(self, dataset, shuffle=True, seed=0):
+    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
         self.epoch = 0
         self.processed = 0  # how many of this epoch's order the job has taken
         self.reset()
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its beginning."""
         self.epoch, self.processed = epoch, 0
         self.reset()
 
-    def record_batch(self, batch_idx, batch_size):
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """The job has taken batches 0 to `batch_idx` of `batch_size` on every rank, since reset()."""
         self.processed = self._start + min((batch_idx + 1) * batch_size, len(self.indices)) * self.num_replicas
 
-    def reset(self):
+    def reset(self) -> None:
         """This rank's part of the rest of the epoch, for the job's size now."""
         self.num_replicas, self.rank = runtime.size(), runtime.rank()
         self._start = self.processed
@@ -121,9 +124,9 @@ class ElasticSampler(torch.utils.data.Sampler):
     def __len__(self):
         return len(self.indices)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "processed": self.processed}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.processed = state["epoch"], state["processed"]
         self.reset()

@@ -17,9 +17,13 @@ model held at that average, for example Nesterov momentum:
         params, lr=0.7, momentum=0.9, nesterov=True))
 """
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 from ringreduce import ops
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import Compressor
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
 from ringreduce.torch.compression import Compression, in_engine
 from ringreduce.training import local_sgd as schedule
@@ -33,8 +37,9 @@ class PeriodicModelAverager:
     the same averaged change to the same model, so the replicas still hold the same bits after each
     average, with half the bytes (the first average, which sets that model, goes in full)."""
 
-    def __init__(self, period, warmup_steps=0, process_set=global_process_set, outer_optimizer=None,
-                 compression=Compression.none):
+    def __init__(self, period: int, warmup_steps: int = 0, process_set: ProcessSet = global_process_set,
+                 outer_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+                 compression: type[Compressor] = Compression.none) -> None:
         schedule.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
         self.step = 0
@@ -45,7 +50,7 @@ class PeriodicModelAverager:
         """The set this step averages over, or None when it does not average."""
         return self.process_set if schedule.averages_after(step, self.period, self.warmup_steps) else None
 
-    def average_parameters(self, params):
+    def average_parameters(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]]) -> ProcessSet | None:
         """Average `params` (parameters, or param_groups) if this step is one that averages; count
         the step. Returns the process set it averaged over, None when it did not."""
         process_set = self._set_for(self.step)
@@ -69,7 +74,8 @@ class HierarchicalModelAverager(PeriodicModelAverager):
     chooses the group. The last group size must be the size of `process_set`. Every rank makes
     the groups' process sets together when this is built."""
 
-    def __init__(self, period_group_size_dict, warmup_steps=0, process_set=global_process_set):
+    def __init__(self, period_group_size_dict: dict[int, int], warmup_steps: int = 0,
+                 process_set: ProcessSet = global_process_set) -> None:
         self._groups = schedule.hierarchy(period_group_size_dict, process_set)
         super().__init__(min(self._groups), warmup_steps, process_set)
 
@@ -83,7 +89,8 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
     the model. `average_optimizer_state` averages the optimizer's floating state (momentum,
     Adam's moments) with the model."""
 
-    def __init__(self, optim, averager, average_optimizer_state=False):
+    def __init__(self, optim: torch.optim.Optimizer, averager: PeriodicModelAverager,
+                 average_optimizer_state: bool = False) -> None:
         self.optim, self.averager = optim, averager
         self.average_optimizer_state = average_optimizer_state
         self.param_groups, self.defaults = optim.param_groups, optim.defaults
@@ -92,7 +99,7 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
     def state(self):
         return self.optim.state
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         if self.averager.step < self.averager.warmup_steps:
             gradients = []
             for parameter in _parameters(self.param_groups):
@@ -109,13 +116,13 @@ class PostLocalSGDOptimizer(torch.optim.Optimizer):
             _average(floating, averaged_over, "local_sgd.optimizer_state")
         return loss
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self.optim.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {**self.optim.state_dict(), "step": self.averager.step}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         self.averager.step = state_dict.pop("step", 0)
         self.optim.load_state_dict(state_dict)
@@ -125,7 +132,7 @@ class _OuterStep:
     """DiLoCo's outer step for ModelAverage: the torch optimizer `make_optimizer` builds over the
     anchors (tensors sharing their arrays' memory) steps them along the given changes."""
 
-    def __init__(self, make_optimizer):
+    def __init__(self, make_optimizer) -> None:
         self._make_optimizer = make_optimizer
         self._anchors = self._optimizer = None
 

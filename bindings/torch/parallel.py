@@ -12,7 +12,7 @@ allreduce instead gives the gradient of the sum of every rank's loss, as for dat
 import torch
 import torch.nn.functional as F
 from ringreduce import ops
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
 
 
@@ -20,9 +20,9 @@ class _SplitLinear(torch.nn.Module):
     """A Linear whose weight is split evenly across `process_set` along `split_dim` (0: the output
     features, 1: the input features), in set-rank order; the bias follows the output features."""
 
-    split_dim = None
+    split_dim: int  # 0 or 1, each subclass's
 
-    def __init__(self, in_features, out_features, bias, process_set):
+    def __init__(self, in_features: int, out_features: int, bias: bool, process_set: ProcessSet) -> None:
         super().__init__()
         self.process_set = process_set
         shape = [out_features, in_features]
@@ -33,12 +33,13 @@ class _SplitLinear(torch.nn.Module):
         torch.nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
     @classmethod
-    def from_linear(cls, linear, process_set=global_process_set, **options):
+    def from_linear(cls, linear: torch.nn.Linear, process_set: ProcessSet = global_process_set,
+                    **options) -> "_SplitLinear":
         """This rank's part of an existing torch.nn.Linear (the same on every rank of the set)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, **options)
         with torch.no_grad():
             layer.weight.copy_(_mine(linear.weight, cls.split_dim, process_set))
-            if linear.bias is not None:
+            if linear.bias is not None and layer.bias is not None:
                 layer.bias.copy_(_mine(linear.bias, 0, process_set) if cls.split_dim == 0 else linear.bias)
         return layer
 
@@ -51,11 +52,12 @@ class ColumnParallelLinear(_SplitLinear):
 
     split_dim = 0
 
-    def __init__(self, in_features, out_features, bias=True, process_set=global_process_set, gather_output=True):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 process_set: ProcessSet = global_process_set, gather_output: bool = True) -> None:
         super().__init__(in_features, out_features, bias, process_set)
         self.gather_output = gather_output
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(_CopyToSet.apply(x, self.process_set), self.weight, self.bias)
         return _GatherFromSet.apply(y, self.process_set) if self.gather_output else y
 
@@ -69,12 +71,12 @@ class RowParallelLinear(_SplitLinear):
 
     split_dim = 1
 
-    def __init__(self, in_features, out_features, bias=True, process_set=global_process_set,
-                 input_is_parallel=True):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 process_set: ProcessSet = global_process_set, input_is_parallel: bool = True) -> None:
         super().__init__(in_features, out_features, bias, process_set)
         self.input_is_parallel = input_is_parallel
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = _SplitToSet.apply(x, self.process_set)
         y = _ReduceFromSet.apply(F.linear(x, self.weight), self.process_set)
@@ -108,7 +110,7 @@ class _CopyToSet(torch.autograd.Function):
     """Forward: the input as it is. Backward: the sum of every rank's gradient."""
 
     @staticmethod
-    def forward(ctx, x, process_set):
+    def forward(ctx, x: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
         ctx.process_set = process_set
         return x.view_as(x)
 
@@ -121,7 +123,7 @@ class _ReduceFromSet(torch.autograd.Function):
     """Forward: the sum of every rank's part. Backward: the gradient, to every part as it is."""
 
     @staticmethod
-    def forward(ctx, x, process_set):
+    def forward(ctx, x: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
         return _sum_over(x, process_set)
 
     @staticmethod
@@ -133,7 +135,7 @@ class _GatherFromSet(torch.autograd.Function):
     """Forward: every rank's slice, concatenated along the last dimension. Backward: this rank's slice."""
 
     @staticmethod
-    def forward(ctx, x, process_set):
+    def forward(ctx, x: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
         ctx.process_set = process_set
         return _gather_last_dim(x, process_set)
 
@@ -146,7 +148,7 @@ class _SplitToSet(torch.autograd.Function):
     """Forward: this rank's slice of the last dimension. Backward: every rank's slice gathered."""
 
     @staticmethod
-    def forward(ctx, x, process_set):
+    def forward(ctx, x: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
         ctx.process_set = process_set
         return _mine(x, -1, process_set).contiguous()
 

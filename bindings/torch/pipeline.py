@@ -2,8 +2,10 @@
 set, micro-batches passed along with isend/recv, on GPipe's schedule (all forwards, then all
 backwards) or 1F1B's (one forward, one backward), gradients accumulated over the micro-batches."""
 
+from collections.abc import Callable, Sequence
+
 import torch
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch.point_to_point import isend, recv
 
 _MAX_DIMS = 8
@@ -24,35 +26,45 @@ class GPipe:
     passes `inputs`, the last `targets` and `loss_fn`; activations may change shape between
     stages (each transfer says its shape and floating-point dtype first)."""
 
-    def __init__(self, stage, process_set=global_process_set):
+    def __init__(self, stage: torch.nn.Module, process_set: ProcessSet = global_process_set) -> None:
+        ranks, index = process_set.ranks, process_set.rank()
+        if ranks is None or index is None:
+            raise ValueError(f"a pipeline's stages are the ranks of a process set already made, got {process_set}")
         self.stage, self.process_set = stage, process_set
-        self.index, self.stages = process_set.rank(), process_set.size()
-        self.previous = process_set.ranks[self.index - 1] if self.index > 0 else None
-        self.next = process_set.ranks[self.index + 1] if self.index < self.stages - 1 else None
+        self.index, self.stages = index, len(ranks)
+        self.previous = ranks[index - 1] if index > 0 else None
+        self.next = ranks[index + 1] if index < self.stages - 1 else None
 
-    def step(self, inputs=None, targets=None, loss_fn=None, micro_batches=1, schedule="gpipe"):
+    def step(self, inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, micro_batches: int = 1,
+             schedule: str = "gpipe") -> torch.Tensor | None:
         """One pass over a batch; returns its loss on the last stage (detached), else None.
         `schedule`: "gpipe" runs every forward, then every backward (in reverse); "1f1b" runs a
         stage's first few forwards, then alternates one forward and one backward, so that a stage
         holds the activations of at most as many micro-batches as there are stages after it.
         Both leave the same gradients (up to the order of the sums)."""
-        if self.previous is None and inputs is None:
-            raise ValueError("the first stage of a pipeline needs the inputs")
-        if self.next is None and (targets is None or loss_fn is None):
-            raise ValueError("the last stage of a pipeline needs the targets and loss_fn")
+        chunks: Sequence[torch.Tensor | None] = [None] * micro_batches
+        labels: Sequence[torch.Tensor | None] = [None] * micro_batches
+        if self.previous is None:
+            if inputs is None:
+                raise ValueError("the first stage of a pipeline needs the inputs")
+            chunks = inputs.chunk(micro_batches)
+        if self.next is None:
+            if targets is None or loss_fn is None:
+                raise ValueError("the last stage of a pipeline needs the targets and loss_fn")
+            labels = targets.chunk(micro_batches)
         if schedule not in ("gpipe", "1f1b"):
             raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
-        chunks = inputs.chunk(micro_batches) if self.previous is None else [None] * micro_batches
-        labels = targets.chunk(micro_batches) if self.next is None else [None] * micro_batches
         if len(chunks) != micro_batches or len(labels) != micro_batches:
-            raise ValueError(f"a batch of {len(inputs if inputs is not None else targets)} cannot make "
+            batch = inputs if inputs is not None else targets
+            raise ValueError(f"a batch of {len(batch) if batch is not None else 0} cannot make "
                              f"{micro_batches} micro-batches")
         received, produced, sending = {}, {}, []
         for forward, index in _order(schedule, micro_batches, self.stages - self.index - 1):
             if forward:
                 x = chunks[index] if self.previous is None else _receive(self.previous, self.process_set, True)
                 y = self.stage(x)
-                if self.next is None:
+                if loss_fn is not None and self.next is None:
                     y = loss_fn(y, labels[index]) / micro_batches
                 else:
                     sending += _send(y.detach(), self.next, self.process_set)

@@ -3,16 +3,18 @@
 
 import torch
 from ringreduce import point_to_point as core
-from ringreduce.process_sets import global_process_set
+from ringreduce.point_to_point import Work
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
 
 
-def send(tensor, dst, process_set=global_process_set, tag=0):
+def send(tensor: torch.Tensor, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> None:
     """Send `tensor` to global rank `dst`; returns once it has been received."""
     core.send(tensors.as_array(tensor), dst, process_set, tag)
 
 
-def recv(tensor, src=None, process_set=global_process_set, tag=0):
+def recv(tensor: torch.Tensor, src: int | None = None, process_set: ProcessSet = global_process_set,
+         tag: int = 0) -> int:
     """Receive into `tensor` from global rank `src` (any rank of the set with None); returns the
     sender's rank."""
     array, write_back = _receiving(tensor)
@@ -21,12 +23,13 @@ def recv(tensor, src=None, process_set=global_process_set, tag=0):
     return sender
 
 
-def isend(tensor, dst, process_set=global_process_set, tag=0):
+def isend(tensor: torch.Tensor, dst: int, process_set: ProcessSet = global_process_set, tag: int = 0) -> Work:
     """send, returning at once a handle with wait() and is_completed()."""
     return core.isend(tensors.as_array(tensor), dst, process_set, tag)
 
 
-def irecv(tensor, src=None, process_set=global_process_set, tag=0):
+def irecv(tensor: torch.Tensor, src: int | None = None, process_set: ProcessSet = global_process_set,
+          tag: int = 0) -> "_Received":
     """recv, returning at once a handle whose wait() returns the sender's rank once `tensor` holds
     the data."""
     array, write_back = _receiving(tensor)

@@ -4,8 +4,9 @@ import time
 
 import ringreduce as core
 import torch
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.torch import tensors
+from ringreduce.training.load_balancing import LoadBalancer
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
@@ -18,8 +19,10 @@ class SyncBatchNorm(_BatchNorm):
     rank's loss is the mean over its own: the backward pass weights each rank's part as the
     optimizer weights its gradients, so that it is still the global batch's."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None, process_set=global_process_set, load_balancer=None):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, process_set: ProcessSet = global_process_set,
+                 load_balancer: LoadBalancer | None = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
         self.process_set = process_set
         self.load_balancer = load_balancer
@@ -28,13 +31,13 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected an input of at least 2 dimensions, got {input.dim()}")
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         if not self.training or self.process_set.size() == 1:
             return super().forward(input)
         if self.momentum is None:
             raise ValueError("SyncBatchNorm needs a momentum (a cumulative average is not supported)")
-        if self.track_running_stats:
+        if self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked += 1
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.running_mean, self.running_var,
                                             self.eps, self.momentum, self.process_set, self.load_balancer)
@@ -42,7 +45,8 @@ class SyncBatchNorm(_BatchNorm):
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, running_mean, running_var, eps, momentum, process_set, balancer):
+    def forward(ctx, input: torch.Tensor, weight, bias, running_mean, running_var, eps: float, momentum: float,
+                process_set: ProcessSet, balancer) -> torch.Tensor:
         channels = input.shape[1]
         dims = [d for d in range(input.dim()) if d != 1]
         count = input.numel() // channels

@@ -171,7 +171,7 @@ def alltoall_pair_async(tensor, splits, name, process_set, pair):
     return Handle(handle, lambda result: (as_tensor(result[0], tensor), torch.from_numpy(result[1])))
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = core.Average,
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = core.Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
     """Start combining every rank's `tensor` and keep this rank's share of the first dimension."""
@@ -181,7 +181,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Reduc
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                                op: ReduceOp | None = core.Average, process_set: ProcessSet = global_process_set,
+                                op: ReduceOp = core.Average, process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     handle = core.grouped_reducescatter_async(tensors=[as_array(t) for t in tensors], op=op, name=name,
                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,

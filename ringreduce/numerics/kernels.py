@@ -9,16 +9,27 @@ imports no framework: ringreduce.torch lends torch's when it is imported (`lend`
 for every array they do not take, numpy's run.
 """
 
+from collections.abc import Callable
+from typing import Protocol
+
 import numpy as np
 
-_lent = None
+
+class Kernels(Protocol):
+    """What a binding lends: cast(target, source) casts into target and returns False where it does
+    not take those arrays; combiner(ufunc, op, dtype) returns a function called as numpy's ufuncs
+    are (a, b, out=None), that runs `ufunc` on the arrays it does not take."""
+
+    def cast(self, target: np.ndarray, source: np.ndarray) -> bool: ...
+
+    def combiner(self, ufunc: np.ufunc, op: int, dtype: np.dtype) -> Callable[..., np.ndarray]: ...
 
 
-def lend(kernels):
-    """Use `kernels` from now on (None: numpy's again). It has cast(target, source), which casts
-    into target and returns False where it does not take those arrays, and combiner(ufunc, op,
-    dtype), which returns a function called as numpy's ufuncs are (a, b, out=None), that runs
-    `ufunc` on the arrays it does not take."""
+_lent: Kernels | None = None
+
+
+def lend(kernels: Kernels | None) -> None:
+    """Use `kernels` from now on (None: numpy's again)."""
     global _lent
     _lent = kernels
 

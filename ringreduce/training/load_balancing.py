@@ -170,7 +170,7 @@ class BalancedBatchSampler:
     epoch is used exactly once. Call `set_epoch(epoch)` at the start of each epoch, as with
     torch's DistributedSampler."""
 
-    def __init__(self, dataset: Sized, balancer: LoadBalancer, shuffle: bool = True, seed: int = 0) -> None:
+    def __init__(self, dataset: Sized | int, balancer: LoadBalancer, shuffle: bool = True, seed: int = 0) -> None:
         self.length = dataset if isinstance(dataset, int) else len(dataset)
         if self.length < len(balancer.shares):
             raise ValueError(f"{self.length} samples cannot give each of {len(balancer.shares)} ranks one")

@@ -14,16 +14,23 @@ Framework-neutral: it works on the arrays it is given, in place (numpy, or CuPy 
 module is CuPy's), so a binding hands it views of its gradients.
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 
 from ringreduce import collectives, ops
 from ringreduce.machine.backends import module_of
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set
 
 
 class PowerSGD:
-    def __init__(self, matrix_approximation_rank=1, start_powerSGD_iter=1_000, min_compression_rate=2,  # noqa: N803
-                 use_error_feedback=True, warm_start=True, random_seed=0):
+    """The state of PowerSGD's averaging (torch.distributed's PowerSGDState's arguments and
+    defaults): each rank's error feedback and the last step's Q of every matrix it compresses."""
+
+    def __init__(self, matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1_000,  # noqa: N803
+                 min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
+                 random_seed: int = 0) -> None:
         if matrix_approximation_rank < 1:
             raise ValueError(f"matrix_approximation_rank must be at least 1, got {matrix_approximation_rank}")
         if start_powerSGD_iter < 0:
@@ -35,18 +42,19 @@ class PowerSGD:
         self.warm_start = warm_start
         self.random_seed = random_seed
         self.iteration = 0
-        self.errors = {}  # name -> what the approximation missed of this rank's last M (differs per rank)
-        self.qs = {}  # name -> the last step's Q (the same on every rank)
-        self._approximations = {}  # name -> the buffer each step's P Q^T is written into
+        # name -> what the approximation missed of this rank's last M (differs per rank)
+        self.errors: dict[str, np.ndarray] = {}
+        self.qs: dict[str, np.ndarray] = {}  # name -> the last step's Q (the same on every rank)
+        self._approximations: dict[str, np.ndarray] = {}  # name -> the buffer each step's P Q^T is written into
 
-    def compresses(self, shape):
+    def compresses(self, shape: Sequence[int]) -> bool:
         """Is a gradient of this shape sent as factors (a matrix that shrinks enough)?"""
         if len(shape) < 2:
             return False
         n, m = shape[0], int(np.prod(shape[1:]))
         return n * m >= self.min_compression_rate * (n + m) * self.rank
 
-    def average(self, named, process_set=global_process_set):
+    def average(self, named: Mapping[str, np.ndarray], process_set: ProcessSet = global_process_set) -> None:
         """Average the arrays of `named` ({name: array}, the same names in the same order on every
         rank) over the ranks, in place: plainly for the first start_powerSGD_iter calls, then as
         low-rank products where that pays."""
@@ -98,8 +106,8 @@ class PowerSGD:
         q = np.random.default_rng(seed).standard_normal((m.shape[1], self.rank)).astype(m.dtype)
         return xp.asarray(q)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"iteration": self.iteration, "errors": dict(self.errors), "qs": dict(self.qs)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.iteration, self.errors, self.qs = state["iteration"], dict(state["errors"]), dict(state["qs"])

@@ -8,7 +8,9 @@ horovod.tensorflow.keras: data-parallel model.fit in two lines.
 """
 
 from ringreduce.tensorflow import *  # noqa: F403 - everything of ringreduce.tensorflow, as Horovod's keras module
-from ringreduce.tensorflow.keras import callbacks, elastic  # noqa: F401
+
+# Keras's own elastic module, optimizer and value collectives replace those names of ringreduce.tensorflow.
+from ringreduce.tensorflow.keras import callbacks, elastic  # type: ignore[no-redef]  # noqa: F401
 from ringreduce.tensorflow.keras.balancing import BalancedDataset  # noqa: F401
 from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     BroadcastGlobalVariablesCallback,
@@ -18,5 +20,13 @@ from ringreduce.tensorflow.keras.callbacks import (  # noqa: F401
     LocalSGDCallback,
     MetricAverageCallback,
 )
-from ringreduce.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: F401
-from ringreduce.tensorflow.keras.values import allgather, allreduce, broadcast, reducescatter  # noqa: F401
+from ringreduce.tensorflow.keras.optimizer import (  # type: ignore[assignment]  # noqa: F401
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+)
+from ringreduce.tensorflow.keras.values import (  # type: ignore[assignment]  # noqa: F401
+    allgather,
+    allreduce,
+    broadcast,
+    reducescatter,
+)

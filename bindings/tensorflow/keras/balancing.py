@@ -1,8 +1,12 @@
 """Load balancing for Keras's fit: this rank's share of each global batch, as a PyDataset."""
 
-import keras
+from collections.abc import Sequence
+from typing import Any
 
-from ringreduce.training.load_balancing import BalancedBatchSampler
+import keras
+import numpy as np
+
+from ringreduce.training.load_balancing import BalancedBatchSampler, LoadBalancer
 
 
 class BalancedDataset(keras.utils.PyDataset):
@@ -14,7 +18,8 @@ class BalancedDataset(keras.utils.PyDataset):
     order, it raises. An epoch begins when Keras asks for the first batch again after the last one
     (it also reads the first batches ahead of fit)."""
 
-    def __init__(self, x, y, balancer, shuffle=True, seed=0, **kwargs):
+    def __init__(self, x: Sequence[Any], y: Sequence[Any], balancer: LoadBalancer, shuffle: bool = True, seed: int = 0,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         if len(x) != len(y):
             raise ValueError(f"x and y must hold as many samples, got {len(x)} and {len(y)}")
@@ -30,13 +35,13 @@ class BalancedDataset(keras.utils.PyDataset):
         mine = self.indices(index)
         return self.x[mine], self.y[mine]
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Start at `epoch` (a resumed job's, with fit's initial_epoch)."""
         self.sampler.set_epoch(epoch)
         self._batches = self.sampler.global_batches()
         self._next = 0
 
-    def indices(self, index):
+    def indices(self, index: int) -> np.ndarray:
         """The dataset indices of this rank's part of the epoch's batch `index`."""
         if index == 0 and self._next == len(self):
             self.set_epoch(self.sampler.epoch + 1)

@@ -1,11 +1,15 @@
 """Keras callbacks with the meaning they have in Horovod."""
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import keras
 import numpy as np
 
 import ringreduce as core
 import tensorflow as tf
-from ringreduce.process_sets import global_process_set
+from ringreduce.numerics.compression import Compressor
+from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.tensorflow.compression import Compression, in_engine
 from ringreduce.tensorflow.tensors import broadcast_
 from ringreduce.training import local_sgd
@@ -17,7 +21,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     yet at that point is broadcast after its first batch instead. `local_variables` (a variable
     or several) keep each rank's own values, as Horovod's."""
 
-    def __init__(self, root_rank=0, device="", local_variables=None):
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: Sequence[keras.Variable] | None = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.done = False
@@ -29,11 +34,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             raise ValueError("local_variables must be variables (tf.Variable or keras.Variable)")
         self._local = {id(v) for v in local_variables}
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.model.built:
             self._broadcast()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.done:
             self._broadcast()
 
@@ -51,10 +56,10 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """At the end of every epoch, replace each logged metric by its average over ranks (each rank
     measured it on its own shard). Put it before callbacks that read the metrics."""
 
-    def __init__(self, device=""):
+    def __init__(self, device: str = "") -> None:
         super().__init__()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if not logs:
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
@@ -71,8 +76,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     epochs. `momentum_correction` is Horovod's argument; Keras 3 keeps the momentum inside its
     compiled step, so there is nothing to correct, and it is accepted."""
 
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None):
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float], start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None) -> None:
         super().__init__()
         self.initial_lr, self.start_epoch, self.end_epoch = initial_lr, start_epoch, end_epoch
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
@@ -82,17 +88,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def _in_schedule(self, epoch):
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epoch = epoch
         if self.staircase and self._in_schedule(epoch):
             self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.staircase and self._in_schedule(self.epoch):
             steps = self.steps_per_epoch or self.params.get("steps") or 1
             self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(self.epoch + batch / steps)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
             logs["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
@@ -103,18 +109,19 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     effective batches train badly with the full rate from the first step. `initial_lr` is the
     rate after warm-up, usually the single-process rate times size()."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
         super().__init__(initial_lr, self.warmup_multiplier, end_epoch=warmup_epochs, staircase=False,
                          momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 
-    def warmup_multiplier(self, epoch):
+    def warmup_multiplier(self, epoch: float) -> float:
         """The share of initial_lr at a (fractional) epoch."""
         size = core.size()
         return 1.0 / size * (min(epoch, self.warmup_epochs) * (size - 1) / self.warmup_epochs + 1)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if epoch == self.warmup_epochs - 1:
             self.model.optimizer.learning_rate = self.initial_lr
             if self.verbose and core.rank() == 0:
@@ -140,8 +147,10 @@ class LocalSGDCallback(keras.callbacks.Callback):
     since the last average in that dtype, as ringreduce.torch's PeriodicModelAverager does: the
     first average goes in full, the optimizer state always does."""
 
-    def __init__(self, period, warmup_steps=0, average_optimizer_state=True, process_set=global_process_set,
-                 outer_optimizer=None, compression=Compression.none):
+    def __init__(self, period: int, warmup_steps: int = 0, average_optimizer_state: bool = True,
+                 process_set: ProcessSet = global_process_set,
+                 outer_optimizer: keras.optimizers.Optimizer | None = None,
+                 compression: type[Compressor] = Compression.none) -> None:
         super().__init__()
         local_sgd.check(period, warmup_steps)
         self.period, self.warmup_steps, self.process_set = period, warmup_steps, process_set
@@ -157,7 +166,7 @@ class LocalSGDCallback(keras.callbacks.Callback):
             return self.process_set
         return None
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step, self.step = self.step, self.step + 1
         process_set = self._set_for(step)
         if process_set is None:
@@ -180,7 +189,7 @@ class _OuterStep:
     """DiLoCo's outer step for ModelAverage: the Keras optimizer steps variables holding the
     anchors along the given changes."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer) -> None:
         self._optimizer, self._variables = optimizer, None
 
     def __call__(self, anchors, changes):
@@ -199,8 +208,8 @@ class HierarchicalLocalSGDCallback(LocalSGDCallback):
     last group size must be the size of `process_set`. Every rank makes the groups' process sets
     together when this is built."""
 
-    def __init__(self, period_group_size_dict, warmup_steps=0, average_optimizer_state=True,
-                 process_set=global_process_set):
+    def __init__(self, period_group_size_dict: dict[int, int], warmup_steps: int = 0,
+                 average_optimizer_state: bool = True, process_set: ProcessSet = global_process_set) -> None:
         self._groups = local_sgd.hierarchy(period_group_size_dict, process_set)
         super().__init__(min(self._groups), warmup_steps, average_optimizer_state, process_set)
 

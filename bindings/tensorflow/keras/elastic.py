@@ -11,6 +11,8 @@ state.epoch up to date and commit during fit (see ringreduce.elastic).
                              rr.elastic.UpdateBatchStateCallback(state), rr.elastic.UpdateEpochStateCallback(state)])
 """
 
+from typing import Any
+
 import keras
 
 from ringreduce.elastic import ObjectState, State, run  # noqa: F401 - Horovod's names, here too
@@ -22,7 +24,10 @@ class KerasState(State):
     given; built before loading, so a fresh process can take them), and keyword values as
     attributes (`state.epoch`, `state.batch`)."""
 
-    def __init__(self, model, optimizer=None, **kwargs):
+    epoch: int  # kept by UpdateEpochStateCallback, given as a keyword value
+    batch: int  # kept by UpdateBatchStateCallback, given as a keyword value
+
+    def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, **kwargs) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self._names = tuple(kwargs)
@@ -56,18 +61,18 @@ class CommitStateCallback(keras.callbacks.Callback):
     epoch takes that epoch's first batches again unless the dataset skips state.batch batches (commit
     at epochs' ends, the default of batches_per_commit=None, to need nothing of the dataset)."""
 
-    def __init__(self, state, batches_per_commit=None):
+    def __init__(self, state: KerasState, batches_per_commit: int | None = None) -> None:
         super().__init__()
         self.state, self.batches_per_commit = state, batches_per_commit
         self._batches = 0
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batches += 1
         if self.batches_per_commit and self._batches % self.batches_per_commit == 0:
             _count(self.state, batch=batch + 1)
             self.state.commit()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         _count(self.state, batch=0, epoch=epoch + 1)
         self.state.commit()
 
@@ -81,23 +86,23 @@ def _count(state, **values):
 class UpdateBatchStateCallback(keras.callbacks.Callback):
     """state.batch: the batches done in this epoch (0 again at each epoch's end)."""
 
-    def __init__(self, state):
+    def __init__(self, state: KerasState) -> None:
         super().__init__()
         self.state = state
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.state.batch = batch + 1
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.state.batch = 0
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
     """state.epoch: the epochs done."""
 
-    def __init__(self, state):
+    def __init__(self, state: KerasState) -> None:
         super().__init__()
         self.state = state
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.state.epoch = epoch + 1

@@ -157,7 +157,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                    _backend_apply_gradients=_backend_apply_gradients, __module__=base.__module__)
     if loss_scaled:  # its apply() unscales, checks and hands the result to its inner optimizer
         methods["apply"] = apply
-    distributed = type(base.__name__, (base,), methods)
+    distributed: typing.Any = type(base.__name__, (base,), methods)
     wrapped = distributed.from_config(config)
     wrapped._local_variables = set()
     wrapped._combined_already = False  # set by _compute_gradients for the apply_gradients after it

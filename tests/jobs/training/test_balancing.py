@@ -18,6 +18,23 @@ STEPS_PER_EPOCH = 5
 SPLIT_TOLERANCE = 0.1
 
 
+def train(out, size, *modes):
+    job = run_job(size, "training/torch_balancing.py", out, *modes, timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    return {mode: [torch.load(path) for path in sorted((out / mode).glob("rank*.pt"))] for mode in modes}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("balancing2"), 2, "plain", "fp16", "powersgd", "syncbn")
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("balancing3"), 3, "plain", "set")
+
+
+
 def assert_settled(shares, expected):
     """The split came to the speed ratio and stayed there: over the last third of the steps each
     rank's median share is within SPLIT_TOLERANCE of its part, and none strays twice as far. A
