@@ -41,6 +41,7 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/communication.py
+	$(RRUN) -np 2 $(PYTHON) benchmarks/torch_distributed.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/narrow_floats.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/load_balancing.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/elastic.py

@@ -16,7 +16,7 @@ import psutil
 
 from ringreduce import config
 from ringreduce.algorithms import cost
-from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, protocol, rank, reach, slurm
+from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, protocol, rank, reach, slurm, torchrun
 from ringreduce.launcher.elastic import ElasticRun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
@@ -175,6 +175,8 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
     env = {**fabric_environment(network_interface, net_device), **environment(env_items, os.environ, knobs)}
     if report_bindings:
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
+    if settings is None:  # an elastic job's hosts change with each generation
+        env.update(torchrun.rendezvous(placement, os.environ))
     job = _job_spec(num_proc, placement, command, env, network_interface, bind_to, map_by, mpi_args)
     if settings is not None:  # each generation's placement comes from the discovery script
         in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)

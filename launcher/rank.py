@@ -16,6 +16,7 @@ import sys
 import threading
 
 from ringreduce.launcher.protocol import STATUS_PREFIX, WORLD_SIZE_VARIABLE, status_line
+from ringreduce.launcher.torchrun import rank_environment
 from ringreduce.machine.cores import usable_cores
 
 # Where each MPI and Slurm put the rank of the process they start.
@@ -34,6 +35,9 @@ def main(argv=None):
     env = dict(os.environ, **{WORLD_SIZE_VARIABLE: world_size})
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(env)))
+    if rank.isdigit():
+        for name, value in rank_environment(env, int(world_size), int(rank)).items():
+            env.setdefault(name, value)
     if env.pop(REPORT_BINDINGS_VARIABLE, None):
         cpus = sorted(os.sched_getaffinity(0))  # what mpiexec bound this process, and so the rank, to
         sys.stderr.write(f"rrun: rank {rank} on {socket.gethostname()} is bound to CPUs {_ranges(cpus)}\n")

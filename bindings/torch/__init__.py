@@ -8,8 +8,9 @@ collectives on tensors, and data-parallel training in two lines.
 """
 
 import ringreduce
+import torch
 from ringreduce.numerics.kernels import lend
-from ringreduce.torch import checkpoint, elastic  # noqa: F401
+from ringreduce.torch import checkpoint, elastic, process_group  # noqa: F401
 from ringreduce.torch.compression import Compression  # noqa: F401
 from ringreduce.torch.differentiable import (  # noqa: F401
     allgather,
@@ -53,3 +54,5 @@ from ringreduce.training.powersgd import PowerSGD  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
 lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 2-7x faster than numpy's
+if torch.distributed.is_available():
+    process_group.register()  # dist.init_process_group("ringreduce")

@@ -1,0 +1,65 @@
+"""torch.distributed on the ringreduce backend against gloo, in the same run: a bare all_reduce
+from 4 KiB to 64 MiB (and ringreduce's own allreduce_ beside it), and DDP's training step on an
+MLP. Run under rrun; rank 0 prints the table.
+
+    rrun -np 2 python benchmarks/torch_distributed.py
+"""
+
+import time
+
+import torch
+import torch.distributed as dist
+
+import ringreduce.torch as rr
+
+SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
+
+
+def timed(run, repeats):
+    run()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    return (time.perf_counter() - start) / repeats
+
+
+def ddp_step(group):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                            torch.nn.ReLU(), torch.nn.Linear(1024, 10)), process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return timed(step, 20)
+
+
+def all_reduce_row(nbytes, gloo):
+    tensor = torch.ones(nbytes // 4)
+    repeats = max(3, min(200, (64 << 20) // nbytes // 4))
+    on_ringreduce = timed(lambda: dist.all_reduce(tensor), repeats)
+    on_gloo = timed(lambda: dist.all_reduce(tensor, group=gloo), repeats)
+    own = timed(lambda: rr.allreduce_(tensor, op=rr.Sum, name=f"bench.{nbytes}"), repeats)
+    return f"all_reduce {nbytes >> 10} KiB", on_ringreduce, on_gloo, own
+
+
+def main():
+    dist.init_process_group("ringreduce")
+    gloo = dist.new_group(backend="gloo")
+    rows = [all_reduce_row(nbytes, gloo) for nbytes in SIZES]
+    rows.append(("DDP step (MLP, 2.1M parameters)", ddp_step(None), ddp_step(gloo), None))
+    if dist.get_rank() == 0:
+        print(f"{dist.get_world_size()} ranks | ringreduce backend | gloo | gloo / ringreduce | rr.allreduce_")
+        for name, mine, theirs, own in rows:
+            print(f"{name} | {mine * 1e3:.3f} ms | {theirs * 1e3:.3f} ms | {theirs / mine:.2f}x | "
+                  + (f"{own * 1e3:.3f} ms" if own is not None else "-"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

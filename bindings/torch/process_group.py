@@ -1,0 +1,296 @@
+"""ringreduce as a torch.distributed backend: under rrun, `dist.init_process_group("ringreduce")`
+runs torch.distributed's calls, and what is built on them (DDP, the object collectives), on
+ringreduce's engine and algorithms, with its checks: a call whose shapes, dtypes or ops differ
+across ranks is a MismatchError on every rank that names them, where gloo returns on one rank and
+fails or hangs on the other.
+
+Each call is submitted to the engine at once, in the caller's order, under a name of its own
+(`torch.distributed.allreduce.7`: the seventh call of this group), so that async calls overlap
+as they do on gloo; a thread of the group completes each call's future when the engine has run
+it. What it does not serve (subgroups, PREMUL_SUM, bitwise ops) raises NotImplementedError
+naming the call.
+"""
+
+import datetime
+import functools
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ringreduce as core
+import torch
+import torch.distributed as dist
+from ringreduce.process_sets import global_process_set
+from ringreduce.torch import point_to_point, tensors
+from torch.futures import Future
+
+BACKEND = "ringreduce"
+
+_OPS = {
+    dist.ReduceOp.SUM: core.Sum, dist.ReduceOp.AVG: core.Average, dist.ReduceOp.MIN: core.Min,
+    dist.ReduceOp.MAX: core.Max, dist.ReduceOp.PRODUCT: core.Product,
+}
+
+
+def _op(options: Any, call: str) -> core.ReduceOp:
+    op = options.reduceOp.op
+    if op not in _OPS:
+        raise NotImplementedError(f"{call} with {op.name} on the ringreduce backend: it serves SUM, AVG, MIN, MAX "
+                                  "and PRODUCT")
+    return _OPS[op]
+
+
+class _Work(dist._Work):
+    """A call's completion: wait() raises ringreduce's own error (a MismatchError names the ranks),
+    and get_future() gives the future DDP chains on, failed with that error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._finished = threading.Event()
+        self._result: object = None
+        self._error: BaseException | None = None
+        self._source: Future = Future()
+        self._future = self._source.then(self._outcome)
+
+    def finish(self, result: object = None, error: BaseException | None = None) -> "_Work":
+        self._result, self._error = result, error
+        self._finished.set()
+        self._source.set_result(None)
+        return self
+
+    def _outcome(self, _: Future) -> object:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+        if not self._finished.wait(seconds or None):
+            raise TimeoutError(f"a ringreduce collective did not finish within {seconds} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._finished.is_set()
+
+    def is_success(self) -> bool:
+        return self._finished.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> Any:
+        return self._result
+
+    def get_future(self) -> Future:
+        return self._future
+
+
+class _Completions:
+    """The group's thread that waits for each submitted call, in the order they were submitted
+    (the order every rank runs them in), and finishes its work with the result or the error."""
+
+    def __init__(self) -> None:
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="ringreduce-process-group", daemon=True).start()
+
+    def work(self, wait: Callable[[], object]) -> _Work:
+        work = _Work()
+        self._pending.put((wait, work))
+        return work
+
+    def _run(self) -> None:
+        while True:
+            wait, work = self._pending.get()
+            try:
+                result = wait()
+            except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
+                work.finish(error=error)
+            else:
+                work.finish(result)
+
+
+class RingreduceProcessGroup(dist.ProcessGroup):
+    """The job's ranks as a torch.distributed process group on ringreduce's collectives."""
+
+    def __init__(self, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self.timeout = timeout
+        self._calls = itertools.count()
+        self._completions = _Completions()
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND
+
+    def _name(self, kind: str) -> str:
+        return f"torch.distributed.{kind}.{next(self._calls)}"
+
+    def _submit(self, handle: Any, after: Callable[[Any], object] = lambda result: result) -> dist.Work:
+        return self._completions.work(lambda: after(handle.wait()))
+
+    def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = _op(opts or dist.AllreduceOptions(), "all_reduce")
+        handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=op)
+        return self._submit(handle, lambda _: tensor_list)
+
+    def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        return self.allreduce(tensor_list, opts or dist.AllreduceCoalescedOptions())
+
+    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        root = (opts or dist.BroadcastOptions()).rootRank
+        handles = [tensors.broadcast_async_(t, root, name=self._name("broadcast")) for t in tensor_list]
+        return self._completions.work(lambda: [h.wait() for h in handles])
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                  opts: Any = None) -> dist.Work:
+        for outputs, tensor in zip(output_lists, input_list, strict=True):
+            _same_shapes(outputs, tensor, self.size(), "all_gather")
+        handle = tensors.grouped_allgather_async(input_list, name=self._name("allgather"))
+
+        def scatter_into(gathered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+            for outputs, whole in zip(output_lists, gathered, strict=True):
+                for output, part in zip(outputs, whole.chunk(self.size()), strict=True):
+                    output.copy_(part.view_as(output))
+            return output_lists
+        return self._submit(handle, scatter_into)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: Any = None) -> dist.Work:
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(f"all_gather_into_tensor: the output holds {output.numel()} elements, not "
+                             f"{self.size()} x the input's {input.numel()}")
+        handle = tensors.allgather_async(input.reshape(1, -1), name=self._name("allgather"))
+        return self._submit(handle, lambda gathered: output.copy_(gathered.view_as(output)))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        op = _op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
+        if input.numel() != output.numel() * self.size():
+            raise ValueError(f"reduce_scatter_tensor: the input holds {input.numel()} elements, not "
+                             f"{self.size()} x the output's {output.numel()}")
+        handle = tensors.reducescatter_async(input.reshape(self.size(), -1), name=self._name("reducescatter"), op=op)
+        return self._submit(handle, lambda part: output.copy_(part.view_as(output)))
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def reduce_scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> dist.Work:
+        works = [self.reduce_scatter_single(output, torch.stack([t.reshape(output.shape) for t in inputs]), opts)
+                 for output, inputs in zip(output_list, input_lists, strict=True)]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> dist.Work:
+        splits = input_split_sizes or [input.shape[0] // self.size()] * self.size()
+        handle = tensors.alltoall_pair_async(input, splits, self._name("alltoall"), global_process_set, pair=False)
+        return self._submit(handle, lambda received: output.copy_(received.view_as(output)))
+
+    def alltoall(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor],
+                 opts: Any = None) -> dist.Work:
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        handle = tensors.alltoall_pair_async(flat, [t.numel() for t in input_list], self._name("alltoall"),
+                                             global_process_set, pair=False)
+
+        def split_into(received: torch.Tensor) -> list[torch.Tensor]:
+            for output, part in zip(output_list, received.split([t.numel() for t in output_list]), strict=True):
+                output.copy_(part.view_as(output))
+            return output_list
+        return self._submit(handle, split_into)
+
+    def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        options = opts or dist.ReduceOptions()
+        op, root = _op(options, "reduce"), options.rootRank
+        copies = [t.clone() for t in tensor_list]
+        handle = tensors.grouped_allreduce_async_(copies, name=self._name("reduce"), op=op)
+
+        def keep_on_root(_: object) -> list[torch.Tensor]:
+            if self.rank() == root:
+                for tensor, reduced in zip(tensor_list, copies, strict=True):
+                    tensor.copy_(reduced)
+            return tensor_list
+        return self._submit(handle, keep_on_root)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+               opts: Any = None) -> dist.Work:
+        root = (opts or dist.GatherOptions()).rootRank
+        handle = tensors.grouped_allgather_async([t.reshape(1, *t.shape) for t in input_list],
+                                                 name=self._name("gather"))
+
+        def keep_on_root(gathered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+            if self.rank() == root:
+                for outputs, whole in zip(output_lists, gathered, strict=True):
+                    for output, part in zip(outputs, whole, strict=True):
+                        output.copy_(part)
+            return output_lists
+        return self._submit(handle, keep_on_root)
+
+    def scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> dist.Work:
+        root = (opts or dist.ScatterOptions()).rootRank
+        works = []
+        for index, output in enumerate(output_list):
+            whole = (torch.stack([t.reshape(output.shape) for t in input_lists[index]]) if self.rank() == root
+                     else output.new_empty((self.size(), *output.shape)))
+            handle = tensors.broadcast_async_(whole, root, name=self._name("scatter"))
+            works.append(self._submit(handle, functools.partial(self._take_mine, output)))
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def _take_mine(self, output: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+        """This rank's row of a broadcast scatter, into `output`."""
+        return output.copy_(whole[self.rank()])
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        core.barrier()
+        return _Work().finish()
+
+    def send(self, tensor_list: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+        works = [point_to_point.isend(t, dst, tag=tag) for t in tensor_list]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def recv(self, tensor_list: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+        works = [point_to_point.irecv(t, src, tag=tag) for t in tensor_list]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+    def recv_anysource(self, tensor_list: list[torch.Tensor], tag: int = 0) -> dist.Work:
+        works = [point_to_point.irecv(t, None, tag=tag) for t in tensor_list]
+        return self._completions.work(lambda: [w.wait() for w in works])
+
+
+def _same_shapes(outputs: Sequence[torch.Tensor], tensor: torch.Tensor, size: int, call: str) -> None:
+    if len(outputs) != size or any(o.shape != tensor.shape for o in outputs):
+        raise ValueError(f"{call}: the output list must hold {size} tensors of the input's shape "
+                         f"{tuple(tensor.shape)}, got {[tuple(o.shape) for o in outputs]}")
+
+
+def _create(options: Any, _backend_options: Any) -> RingreduceProcessGroup:
+    """The backend's constructor, called by init_process_group and new_group on the group's ranks."""
+    if not core.is_initialized():
+        core.init()
+    ranks = list(options.global_ranks_in_group)
+    if ranks and ranks != list(range(core.size())):
+        raise NotImplementedError(f"new_group({ranks}) on the ringreduce backend: it serves the whole job's group "
+                                  "only; give subgroups a backend of their own (new_group(ranks, backend='gloo'))")
+    if options.group_size != core.size() or options.group_rank != core.rank():
+        raise RuntimeError(f"init_process_group('ringreduce') saw rank {options.group_rank} of {options.group_size}, "
+                           f"but rrun started rank {core.rank()} of {core.size()}: start the job with rrun, "
+                           "whose RANK and WORLD_SIZE are the ranks' own")
+    return RingreduceProcessGroup(options.group_rank, options.group_size, options.timeout)
+
+
+def register() -> None:
+    """Make "ringreduce" a torch.distributed backend for CPU tensors (once)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

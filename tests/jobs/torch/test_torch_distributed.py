@@ -1,0 +1,96 @@
+"""ringreduce as a torch.distributed backend, and rrun as torchrun, through the real rrun and MPI
+(tests/jobs/torch/torch_distributed.py): every call torch.distributed makes on it against numpy,
+at 2, 3 and 4 ranks; DDP equal to one process on the whole batch; the torchrun variables; a call
+whose shapes differ, a MismatchError on every rank; and the same script on gloo."""
+
+import numpy as np
+import pytest
+import torch
+import torch_cases
+
+from launch import run_job
+
+
+def job(tmp_path_factory, size, backend):
+    out = tmp_path_factory.mktemp(f"{backend}{size}")
+    result = run_job(size, "torch/torch_distributed.py", out, backend, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(size)]
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def ringreduce_job(request, tmp_path_factory):
+    return request.param, job(tmp_path_factory, request.param, "ringreduce")
+
+
+def base(rank):
+    return np.arange(6, dtype=np.float32) + 10 * rank
+
+
+def expected_calls(rank, size):
+    bases = [base(r) for r in range(size)]
+    total = np.sum(bases, axis=0)
+    scattered = np.sum([np.arange(2.0 * size) * (r + 1) for r in range(size)], axis=0)
+    return {
+        "all_reduce.SUM": total, "all_reduce.AVG": total / size, "all_reduce.MIN": bases[0],
+        "all_reduce.MAX": bases[-1], "all_reduce.PRODUCT": np.prod([b % 3 + 1 for b in bases], axis=0),
+        "all_reduce.async": total.astype(np.float64), "all_reduce.future": total.astype(np.float64),
+        "broadcast": bases[-1], "all_gather": np.stack(bases), "all_gather_into_tensor": np.concatenate(bases),
+        "reduce_scatter_tensor": scattered[2 * rank:2 * rank + 2],
+        "all_to_all_single": np.array([rank + 10.0 * j for j in range(size)]),
+        "all_to_all": np.concatenate([np.full(rank + 1, float(j)) for j in range(size)]),
+        "reduce": total if rank == 0 else bases[rank],
+        "gather": np.stack(bases) if rank == 0 else np.zeros(0),
+        "scatter": np.full(3, float(rank)),
+        **({"send_recv": np.zeros(4)} if rank < 2 else {}),
+    }
+
+
+def test_every_call_gives_what_numpy_gives_on_every_rank(ringreduce_job):
+    size, ranks = ringreduce_job
+    for rank, results in enumerate(ranks):
+        got = results["calls"]
+        for call, expected in expected_calls(rank, size).items():
+            np.testing.assert_array_equal(got[call].numpy(), expected, err_msg=f"{call} on rank {rank} of {size}")
+        assert got["all_gather_object"] == [{"rank": r} for r in range(size)]
+
+
+def test_each_rank_gets_torchruns_variables_from_rrun(ringreduce_job):
+    size, ranks = ringreduce_job
+    environments = [results["calls"]["environment"] for results in ranks]
+    for rank, environment in enumerate(environments):
+        assert environment == {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
+                               "LOCAL_WORLD_SIZE": str(size), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": environments[0]["MASTER_PORT"]}
+    assert 0 < int(environments[0]["MASTER_PORT"]) < 65536
+
+
+def one_process(size):
+    """torch_cases' training in one process on the samples the ranks' slices make up."""
+    net = torch_cases.model()
+    return torch_cases.train(net, torch_cases.optimizer("sgd", net.parameters()),
+                             [(0, torch_cases.BATCH // size * size)])
+
+
+def assert_ddp_equals_one_process(size, ranks):
+    reference = one_process(size)
+    for rank, results in enumerate(ranks):
+        for name, value in results["ddp"].items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=f"{name} on rank {rank}")
+            assert torch.equal(value, ranks[0]["ddp"][name]), f"{name} differs between rank 0 and rank {rank}"
+
+
+def test_ddp_trains_as_one_process_on_the_whole_batch(ringreduce_job):
+    assert_ddp_equals_one_process(*ringreduce_job)
+
+
+def test_a_call_whose_shapes_differ_is_a_mismatch_naming_them_on_every_rank(ringreduce_job):
+    size, ranks = ringreduce_job
+    for results in ranks:
+        assert results["mismatch"].startswith("MismatchError: allreduce 'torch.distributed.allreduce."), \
+            results["mismatch"]
+        assert "shape (3,) on rank 0 but (4,) on rank 1" in results["mismatch"]
+
+
+def test_a_torchrun_script_on_gloo_runs_unchanged_under_rrun(tmp_path_factory):
+    assert_ddp_equals_one_process(2, job(tmp_path_factory, 2, "gloo"))

@@ -1,0 +1,108 @@
+"""torch.distributed's calls on the ringreduce backend (or another, named by the second
+argument) under rrun, as a torchrun script makes them: saves what this rank got, DDP's trained
+weights and the error of a call whose shapes differ, for tests/jobs/torch/test_torch_distributed.py."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import ringreduce.torch  # noqa: F401 - registers the backend
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+import torch_cases  # noqa: E402
+
+
+def base(rank):
+    """The input of most calls on `rank`: small whole numbers, so every reduction is exact."""
+    return torch.arange(6, dtype=torch.float32) + 10 * rank
+
+
+def calls(rank, size):
+    got = {"environment": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                      "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}}
+    mine = base(rank)
+    for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT"):
+        tensor = mine.clone() if op != "PRODUCT" else mine.clone() % 3 + 1
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+        got[f"all_reduce.{op}"] = tensor
+    tensor = mine.clone().double()
+    work = dist.all_reduce(tensor, async_op=True)
+    work.wait()
+    got["all_reduce.async"], got["all_reduce.future"] = tensor, work.get_future().wait()[0]
+    tensor = mine.clone()
+    dist.broadcast(tensor, src=size - 1)
+    got["broadcast"] = tensor
+    outputs = [torch.zeros(6) for _ in range(size)]
+    dist.all_gather(outputs, mine)
+    got["all_gather"] = torch.stack(outputs)
+    gathered = torch.zeros(6 * size)
+    dist.all_gather_into_tensor(gathered, mine)
+    got["all_gather_into_tensor"] = gathered
+    part = torch.zeros(2)
+    dist.reduce_scatter_tensor(part, torch.arange(2.0 * size) * (rank + 1))
+    got["reduce_scatter_tensor"] = part
+    received = torch.zeros(size)
+    dist.all_to_all_single(received, torch.arange(float(size)) + 10 * rank)
+    got["all_to_all_single"] = received
+    sends = [torch.full((r + 1,), float(rank)) for r in range(size)]
+    arrived = [torch.zeros(rank + 1) for _ in range(size)]
+    dist.all_to_all(arrived, sends)
+    got["all_to_all"] = torch.cat(arrived)
+    tensor = mine.clone()
+    dist.reduce(tensor, dst=0)
+    got["reduce"] = tensor
+    gather_list = [torch.zeros(6) for _ in range(size)] if rank == 0 else None
+    dist.gather(mine, gather_list, dst=0)
+    got["gather"] = torch.stack(gather_list) if rank == 0 else torch.zeros(0)
+    scattered = torch.zeros(3)
+    dist.scatter(scattered, [torch.full((3,), float(r)) for r in range(size)] if rank == 1 else None, src=1)
+    got["scatter"] = scattered
+    objects = [None] * size
+    dist.all_gather_object(objects, {"rank": rank})
+    got["all_gather_object"] = objects
+    if rank < 2:
+        peer = 1 - rank
+        message = torch.full((4,), float(rank))
+        if rank == 0:
+            dist.send(message, dst=peer)
+        else:
+            dist.recv(message, src=peer)
+        got["send_recv"] = message
+    dist.barrier()
+    return got
+
+
+def train_ddp(rank, size):
+    """torch_cases' training under DDP, each rank on its slice of the batch's first
+    BATCH // size * size samples; the final weights."""
+    model = torch_cases.model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch_cases.optimizer("sgd", ddp.parameters())
+    inputs, labels = torch_cases.data()
+    per_rank = torch_cases.BATCH // size
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    for _ in range(torch_cases.STEPS):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(inputs[mine]), labels[mine]).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def main():
+    out, backend = sys.argv[1], sys.argv[2]
+    dist.init_process_group(backend)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    results = {"calls": calls(rank, size) if backend == "ringreduce" else {}, "ddp": train_ddp(rank, size)}
+    if backend == "ringreduce":
+        try:
+            dist.all_reduce(torch.zeros(3 + rank))
+        except Exception as error:  # noqa: BLE001 - what the test checks
+            results["mismatch"] = f"{type(error).__name__}: {error}"
+    torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
