@@ -5,6 +5,7 @@ MLP. Run under rrun; rank 0 prints the table.
     rrun -np 2 python benchmarks/torch_distributed.py
 """
 
+import statistics
 import time
 
 import torch
@@ -15,8 +16,10 @@ import ringreduce.torch as rr
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
 
 
+ROUNDS = 5  # the variants take turns, ROUNDS times; each row gives the median of its rounds
+
+
 def timed(run, repeats):
-    run()
     dist.barrier()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -24,7 +27,16 @@ def timed(run, repeats):
     return (time.perf_counter() - start) / repeats
 
 
+def medians(runs, repeats):
+    """Each run's median time per call over ROUNDS rounds in which the runs take turns."""
+    for run in runs:
+        run()
+    rounds = [[timed(run, repeats) for run in runs] for _ in range(ROUNDS)]
+    return [statistics.median(r[i] for r in rounds) for i in range(len(runs))]
+
+
 def ddp_step(group):
+    """One training step of DDP over `group` (the default group: ringreduce's)."""
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
@@ -36,23 +48,22 @@ def ddp_step(group):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-    return timed(step, 20)
+    return step
 
 
 def all_reduce_row(nbytes, gloo):
     tensor = torch.ones(nbytes // 4)
-    repeats = max(3, min(200, (64 << 20) // nbytes // 4))
-    on_ringreduce = timed(lambda: dist.all_reduce(tensor), repeats)
-    on_gloo = timed(lambda: dist.all_reduce(tensor, group=gloo), repeats)
-    own = timed(lambda: rr.allreduce_(tensor, op=rr.Sum, name=f"bench.{nbytes}"), repeats)
-    return f"all_reduce {nbytes >> 10} KiB", on_ringreduce, on_gloo, own
+    repeats = max(3, min(100, (16 << 20) // nbytes))
+    times = medians([lambda: dist.all_reduce(tensor), lambda: dist.all_reduce(tensor, group=gloo),
+                     lambda: rr.allreduce_(tensor, op=rr.Sum, name=f"bench.{nbytes}")], repeats)
+    return f"all_reduce {nbytes >> 10} KiB", *times
 
 
 def main():
     dist.init_process_group("ringreduce")
     gloo = dist.new_group(backend="gloo")
     rows = [all_reduce_row(nbytes, gloo) for nbytes in SIZES]
-    rows.append(("DDP step (MLP, 2.1M parameters)", ddp_step(None), ddp_step(gloo), None))
+    rows.append(("DDP step (MLP, 2.1M parameters)", *medians([ddp_step(None), ddp_step(gloo)], 10), None))
     if dist.get_rank() == 0:
         print(f"{dist.get_world_size()} ranks | ringreduce backend | gloo | gloo / ringreduce | rr.allreduce_")
         for name, mine, theirs, own in rows:

@@ -90,6 +90,15 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     return process_set
 
 
+def process_set_among(ranks: Sequence[int], label: str) -> ProcessSet:
+    """A set made by its members alone, together and in the same order (no other rank takes
+    part), named by `label` (the same on every member): for a framework whose groups only their
+    members build, as torch.distributed's subgroups."""
+    process_set = ProcessSet(ranks)
+    process_set.process_set_id = runtime.active().add_domain_among(process_set.ranks, label)
+    return process_set
+
+
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a set, on every rank of the job together. False (as in Horovod) for the global set
     or one that was never made; a set with collectives in flight is a ValueError."""

@@ -4,6 +4,7 @@ and the rest), and its domains (the whole job and each process set), each with i
 
 import sys
 import typing
+import zlib
 from collections.abc import Callable, Sequence
 
 from mpi4py import MPI
@@ -51,6 +52,7 @@ class Runtime:
         self.config = config
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
+        self._next_member_set_id = -1
         self.profile = _cost_profile(comm, config)
         ordered_comm = comm.Dup() if plain_calls.available(comm, config) else None
         self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
@@ -121,24 +123,45 @@ class Runtime:
                              f"got {ranks}")
         if at_init and ranks == self.domains[0].ranks:
             return 0
-        if any(domain.ranks == ranks for domain in self.domains.values()):
+        if any(domain.ranks == ranks for set_id, domain in self.domains.items() if set_id >= 0):
             raise ValueError(f"a process set of ranks {ranks} exists already")
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
             raise RingReduceError("process sets run their engines side by side, which needs MPI_THREAD_MULTIPLE")
         set_id, self._next_set_id = self._next_set_id, self._next_set_id + 1
         member = self.topology.rank in ranks
         set_comm = self.control.Split(color=0 if member else 1, key=self.topology.rank)
-        engine = peer_comm = ordered = None
         if member:
-            peer_comm = set_comm.Dup()
-            ordered_comm = set_comm.Dup() if plain_calls.available(set_comm, self.config) else None
-            where = f" in process set {set_id}"
-            engine = self._start_engine(set_comm, ranks, where)[1]
-            ordered = self._ordered(ordered_comm, ranks, engine, where)
+            self.domains[set_id] = self._member_domain(set_comm, set_id, ranks)
         else:
             set_comm.Free()
-        self.domains[set_id] = Domain(set_id, ranks, engine, peer_comm, ordered)
+            self.domains[set_id] = Domain(set_id, ranks, None, None)
         return set_id
+
+    def add_domain_among(self, ranks, label):
+        """Make a process set among its members alone: they call this together, in the same order,
+        and the other ranks not at all (torch.distributed's subgroups, which only their members
+        build). `label`, the same on every member, names it; its id is this rank's own (negative,
+        apart from the job's sets)."""
+        ranks = sorted(int(rank) for rank in ranks)
+        if self.topology.rank not in ranks or len(set(ranks)) != len(ranks) or ranks[-1] >= self.topology.size:
+            raise ValueError(f"a set its members make needs this rank ({self.topology.rank}) among distinct ranks "
+                             f"of this job, got {ranks}")
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RingReduceError("process sets run their engines side by side, which needs MPI_THREAD_MULTIPLE")
+        group = self.control.Get_group().Incl(ranks)
+        set_comm = self.control.Create_group(group, tag=zlib.crc32(label.encode()) % 32768)
+        group.Free()
+        set_id, self._next_member_set_id = self._next_member_set_id, self._next_member_set_id - 1
+        self.domains[set_id] = self._member_domain(set_comm, set_id, ranks, label)
+        return set_id
+
+    def _member_domain(self, set_comm, set_id, ranks, label=None):
+        """This member's end of a new set on `set_comm` (its engine owns the communicator)."""
+        peer_comm = set_comm.Dup()
+        ordered_comm = set_comm.Dup() if plain_calls.available(set_comm, self.config) else None
+        where = f" in process set {label or set_id}"
+        engine = self._start_engine(set_comm, ranks, where)[1]
+        return Domain(set_id, ranks, engine, peer_comm, self._ordered(ordered_comm, ranks, engine, where), label)
 
     @staticmethod
     def _ordered(comm, ranks, engine, where=""):

@@ -11,6 +11,7 @@ it. What it does not serve (subgroups, PREMUL_SUM, bitwise ops) raises NotImplem
 naming the call.
 """
 
+import concurrent.futures
 import datetime
 import functools
 import itertools
@@ -22,7 +23,7 @@ from typing import Any
 import ringreduce as core
 import torch
 import torch.distributed as dist
-from ringreduce.process_sets import global_process_set
+from ringreduce.process_sets import ProcessSet, global_process_set, process_set_among
 from ringreduce.torch import point_to_point, tensors
 from torch.futures import Future
 
@@ -54,10 +55,12 @@ class _Work(dist._Work):
         self._source: Future = Future()
         self._future = self._source.then(self._outcome)
 
-    def finish(self, result: object = None, error: BaseException | None = None) -> "_Work":
+    def finish(self, result: object = None, error: BaseException | None = None,
+               fire: Callable[[Callable[[], None]], object] = lambda run: run()) -> "_Work":
+        """Record the outcome (wait() returns at once) and `fire` the future's callbacks."""
         self._result, self._error = result, error
         self._finished.set()
-        self._source.set_result(None)
+        fire(lambda: self._source.set_result(None))
         return self
 
     def _outcome(self, _: Future) -> object:
@@ -89,6 +92,11 @@ class _Work(dist._Work):
         return self._future
 
 
+# Where futures' callbacks run: DDP's hooks chain calls in them and may wait for those (PowerSGD's
+# does), so they must not run on the thread that completes the calls, nor all on one thread.
+_CALLBACKS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ringreduce-future")
+
+
 class _Completions:
     """The group's thread that waits for each submitted call, in the order they were submitted
     (the order every rank runs them in), and finishes its work with the result or the error."""
@@ -108,54 +116,88 @@ class _Completions:
             try:
                 result = wait()
             except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
-                work.finish(error=error)
+                work.finish(error=error, fire=_CALLBACKS.submit)
             else:
-                work.finish(result)
+                work.finish(result, fire=_CALLBACKS.submit)
 
 
 class RingreduceProcessGroup(dist.ProcessGroup):
     """The job's ranks as a torch.distributed process group on ringreduce's collectives."""
 
-    def __init__(self, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    def __init__(self, rank: int, size: int, timeout: datetime.timedelta, process_set: ProcessSet,
+                 group_id: str) -> None:
         super().__init__(rank, size)
-        self.timeout = timeout
+        self.timeout, self.process_set = timeout, process_set
+        self._calls_prefix = f"torch.distributed.{group_id}"
+        self._torch_name = self._torch_description = group_id
+        self._global_ranks = process_set.ranks or []
         self._calls = itertools.count()
         self._completions = _Completions()
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
 
-    def _name(self, kind: str) -> str:
-        return f"torch.distributed.{kind}.{next(self._calls)}"
+    # torch names each group after making it and reads the name back (DeviceMesh does): a Python
+    # group keeps them itself.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._torch_name = name
 
-    def _submit(self, handle: Any, after: Callable[[Any], object] = lambda result: result) -> dist.Work:
-        return self._completions.work(lambda: after(handle.wait()))
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._torch_name
+
+    def setGroupDesc(self, description: str) -> None:  # noqa: N802 - torch's name
+        self._torch_description = description
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._torch_description
+
+    def _name(self, kind: str) -> str:
+        return f"{self._calls_prefix}.{kind}.{next(self._calls)}"
+
+    def _global(self, group_rank: int) -> int:
+        """torch names ranks within the group; ringreduce by their rank in the job."""
+        return self._global_ranks[group_rank]
+
+    def _work(self, wait: Callable[[], object], opts: Any) -> dist.Work:
+        """The call's work: waited for here when the caller waits at once (c10d's sync calls say
+        so, `asyncOp` False), else by the group's completion thread."""
+        if opts is None or getattr(opts, "asyncOp", True):
+            return self._completions.work(wait)
+        try:
+            return _Work().finish(wait())
+        except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
+            return _Work().finish(error=error)
+
+    def _submit(self, handle: Any, opts: Any, after: Callable[[Any], object] = lambda result: result) -> dist.Work:
+        return self._work(lambda: after(handle.wait()), opts)
 
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts or dist.AllreduceOptions(), "all_reduce")
-        handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=op)
-        return self._submit(handle, lambda _: tensor_list)
+        handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=op,
+                                                  process_set=self.process_set)
+        return self._submit(handle, opts, lambda _: tensor_list)
 
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensor_list, opts or dist.AllreduceCoalescedOptions())
 
     def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = (opts or dist.BroadcastOptions()).rootRank
-        handles = [tensors.broadcast_async_(t, root, name=self._name("broadcast")) for t in tensor_list]
-        return self._completions.work(lambda: [h.wait() for h in handles])
+        handles = [tensors.broadcast_async_(t, self._global(root), name=self._name("broadcast"),
+                                            process_set=self.process_set) for t in tensor_list]
+        return self._work(lambda: [h.wait() for h in handles], opts)
 
     def allgather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
         for outputs, tensor in zip(output_lists, input_list, strict=True):
             _same_shapes(outputs, tensor, self.size(), "all_gather")
-        handle = tensors.grouped_allgather_async(input_list, name=self._name("allgather"))
+        handle = tensors.grouped_allgather_async(input_list, name=self._name("allgather"), process_set=self.process_set)
 
         def scatter_into(gathered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             for outputs, whole in zip(output_lists, gathered, strict=True):
                 for output, part in zip(outputs, whole.chunk(self.size()), strict=True):
                     output.copy_(part.view_as(output))
             return output_lists
-        return self._submit(handle, scatter_into)
+        return self._submit(handle, opts, scatter_into)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
@@ -165,69 +207,72 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         if output.numel() != input.numel() * self.size():
             raise ValueError(f"all_gather_into_tensor: the output holds {output.numel()} elements, not "
                              f"{self.size()} x the input's {input.numel()}")
-        handle = tensors.allgather_async(input.reshape(1, -1), name=self._name("allgather"))
-        return self._submit(handle, lambda gathered: output.copy_(gathered.view_as(output)))
+        handle = tensors.allgather_async(input.reshape(1, -1), name=self._name("allgather"),
+                                         process_set=self.process_set)
+        return self._submit(handle, opts, lambda gathered: output.copy_(gathered.view_as(output)))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        return self._work(lambda: [w.wait() for w in works], opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = _op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
         if input.numel() != output.numel() * self.size():
             raise ValueError(f"reduce_scatter_tensor: the input holds {input.numel()} elements, not "
                              f"{self.size()} x the output's {output.numel()}")
-        handle = tensors.reducescatter_async(input.reshape(self.size(), -1), name=self._name("reducescatter"), op=op)
-        return self._submit(handle, lambda part: output.copy_(part.view_as(output)))
+        handle = tensors.reducescatter_async(input.reshape(self.size(), -1), name=self._name("reducescatter"), op=op,
+                                             process_set=self.process_set)
+        return self._submit(handle, opts, lambda part: output.copy_(part.view_as(output)))
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        return self._work(lambda: [w.wait() for w in works], opts)
 
     def reduce_scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(output, torch.stack([t.reshape(output.shape) for t in inputs]), opts)
                  for output, inputs in zip(output_list, input_lists, strict=True)]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        return self._work(lambda: [w.wait() for w in works], opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         splits = input_split_sizes or [input.shape[0] // self.size()] * self.size()
-        handle = tensors.alltoall_pair_async(input, splits, self._name("alltoall"), global_process_set, pair=False)
-        return self._submit(handle, lambda received: output.copy_(received.view_as(output)))
+        handle = tensors.alltoall_pair_async(input, splits, self._name("alltoall"), self.process_set, pair=False)
+        return self._submit(handle, opts, lambda received: output.copy_(received.view_as(output)))
 
     def alltoall(self, output_list: list[torch.Tensor], input_list: list[torch.Tensor],
                  opts: Any = None) -> dist.Work:
         flat = torch.cat([t.reshape(-1) for t in input_list])
         handle = tensors.alltoall_pair_async(flat, [t.numel() for t in input_list], self._name("alltoall"),
-                                             global_process_set, pair=False)
+                                             self.process_set, pair=False)
 
         def split_into(received: torch.Tensor) -> list[torch.Tensor]:
             for output, part in zip(output_list, received.split([t.numel() for t in output_list]), strict=True):
                 output.copy_(part.view_as(output))
             return output_list
-        return self._submit(handle, split_into)
+        return self._submit(handle, opts, split_into)
 
     def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         options = opts or dist.ReduceOptions()
         op, root = _op(options, "reduce"), options.rootRank
         copies = [t.clone() for t in tensor_list]
-        handle = tensors.grouped_allreduce_async_(copies, name=self._name("reduce"), op=op)
+        handle = tensors.grouped_allreduce_async_(copies, name=self._name("reduce"), op=op,
+                                                  process_set=self.process_set)
 
         def keep_on_root(_: object) -> list[torch.Tensor]:
             if self.rank() == root:
                 for tensor, reduced in zip(tensor_list, copies, strict=True):
                     tensor.copy_(reduced)
             return tensor_list
-        return self._submit(handle, keep_on_root)
+        return self._submit(handle, opts, keep_on_root)
 
     def gather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                opts: Any = None) -> dist.Work:
         root = (opts or dist.GatherOptions()).rootRank
         handle = tensors.grouped_allgather_async([t.reshape(1, *t.shape) for t in input_list],
-                                                 name=self._name("gather"))
+                                                 name=self._name("gather"), process_set=self.process_set)
 
         def keep_on_root(gathered: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             if self.rank() == root:
@@ -235,7 +280,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
                     for output, part in zip(outputs, whole, strict=True):
                         output.copy_(part)
             return output_lists
-        return self._submit(handle, keep_on_root)
+        return self._submit(handle, opts, keep_on_root)
 
     def scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                 opts: Any = None) -> dist.Work:
@@ -244,29 +289,30 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         for index, output in enumerate(output_list):
             whole = (torch.stack([t.reshape(output.shape) for t in input_lists[index]]) if self.rank() == root
                      else output.new_empty((self.size(), *output.shape)))
-            handle = tensors.broadcast_async_(whole, root, name=self._name("scatter"))
-            works.append(self._submit(handle, functools.partial(self._take_mine, output)))
-        return self._completions.work(lambda: [w.wait() for w in works])
+            handle = tensors.broadcast_async_(whole, self._global(root), name=self._name("scatter"),
+                                              process_set=self.process_set)
+            works.append(self._submit(handle, opts, functools.partial(self._take_mine, output)))
+        return self._work(lambda: [w.wait() for w in works], opts)
 
     def _take_mine(self, output: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
         """This rank's row of a broadcast scatter, into `output`."""
         return output.copy_(whole[self.rank()])
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        core.barrier()
+        core.barrier(self.process_set)
         return _Work().finish()
 
     def send(self, tensor_list: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
-        works = [point_to_point.isend(t, dst, tag=tag) for t in tensor_list]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        works = [point_to_point.isend(t, self._global(dst), self.process_set, tag) for t in tensor_list]
+        return self._work(lambda: [w.wait() for w in works], None)
 
     def recv(self, tensor_list: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
-        works = [point_to_point.irecv(t, src, tag=tag) for t in tensor_list]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        works = [point_to_point.irecv(t, self._global(src), self.process_set, tag) for t in tensor_list]
+        return self._work(lambda: [w.wait() for w in works], None)
 
     def recv_anysource(self, tensor_list: list[torch.Tensor], tag: int = 0) -> dist.Work:
-        works = [point_to_point.irecv(t, None, tag=tag) for t in tensor_list]
-        return self._completions.work(lambda: [w.wait() for w in works])
+        works = [point_to_point.irecv(t, None, self.process_set, tag) for t in tensor_list]
+        return self._work(lambda: [w.wait() for w in works], None)
 
 
 def _same_shapes(outputs: Sequence[torch.Tensor], tensor: torch.Tensor, size: int, call: str) -> None:
@@ -276,18 +322,21 @@ def _same_shapes(outputs: Sequence[torch.Tensor], tensor: torch.Tensor, size: in
 
 
 def _create(options: Any, _backend_options: Any) -> RingreduceProcessGroup:
-    """The backend's constructor, called by init_process_group and new_group on the group's ranks."""
+    """The backend's constructor, called by init_process_group and new_group on the group's ranks
+    (only those: a subgroup's set is made by its members alone)."""
     if not core.is_initialized():
         core.init()
-    ranks = list(options.global_ranks_in_group)
-    if ranks and ranks != list(range(core.size())):
-        raise NotImplementedError(f"new_group({ranks}) on the ringreduce backend: it serves the whole job's group "
-                                  "only; give subgroups a backend of their own (new_group(ranks, backend='gloo'))")
-    if options.group_size != core.size() or options.group_rank != core.rank():
-        raise RuntimeError(f"init_process_group('ringreduce') saw rank {options.group_rank} of {options.group_size}, "
-                           f"but rrun started rank {core.rank()} of {core.size()}: start the job with rrun, "
-                           "whose RANK and WORLD_SIZE are the ranks' own")
-    return RingreduceProcessGroup(options.group_rank, options.group_size, options.timeout)
+    ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
+    if ranks == list(range(core.size())):
+        if options.group_size != core.size() or options.group_rank != core.rank():
+            raise RuntimeError(f"init_process_group('ringreduce') saw rank {options.group_rank} of "
+                               f"{options.group_size}, but rrun started rank {core.rank()} of {core.size()}: start the "
+                               "job with rrun, whose RANK and WORLD_SIZE are the ranks' own")
+        process_set = global_process_set
+    else:
+        process_set = process_set_among(ranks, f"torch.{options.group_id}")
+    return RingreduceProcessGroup(options.group_rank, options.group_size, options.timeout, process_set,
+                                  str(options.group_id))
 
 
 def register() -> None:

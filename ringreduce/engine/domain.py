@@ -12,10 +12,11 @@ class Domain:
     the ranks do not run them so) and the names of its unnamed calls, given per domain so that they
     agree among the domain's ranks."""
 
-    def __init__(self, set_id, ranks, engine, peer_comm, ordered=None):
+    def __init__(self, set_id, ranks, engine, peer_comm, ordered=None, label=None):
         self.set_id, self.ranks, self.engine, self.peer_comm = set_id, list(ranks), engine, peer_comm
         self.ordered = ordered
-        self.unnamed_prefix = "noname" if set_id == 0 else f"noname.{set_id}"
+        # A set its members alone make is numbered apart on each member: its label names it.
+        self.unnamed_prefix = "noname" if set_id == 0 else f"noname.{label or set_id}"
         self._names = itertools.count(1)
         self._waiting = set()  # the numbers held by unnamed plain calls in flight
         self._names_lock = threading.Lock()

@@ -88,3 +88,20 @@ def narrow_values(rank, count):
     """float32 values of several magnitudes per rank, whose sums over a few ranks float16 holds."""
     rng = np.random.default_rng([rank, count])
     return (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 3, count)).astype(np.float32)
+
+
+def one_process_on_slices(size):
+    """train's result in one process on the samples that `size` ranks' equal slices make up (the
+    first BATCH // size * size): what data parallelism over them must reach."""
+    net = model()
+    return train(net, optimizer("sgd", net.parameters()), [(0, BATCH // size * size)])
+
+
+def assert_ddp_equals_one_process(size, ranks):
+    """Every rank's DDP weights (`ranks`: what each saved, under "ddp") are the one process's, and
+    the same bits on every rank."""
+    reference = one_process_on_slices(size)
+    for rank, results in enumerate(ranks):
+        for name, value in results["ddp"].items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=f"{name} on rank {rank}")
+            assert torch.equal(value, ranks[0]["ddp"][name]), f"{name} differs between rank 0 and rank {rank}"

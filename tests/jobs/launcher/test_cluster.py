@@ -10,6 +10,8 @@ import uuid
 
 import psutil
 import pytest
+import torch
+import torch_cases
 from elastic_replay import assert_matches_replay, discovery_script, events
 
 from launch import ON_HOST, cluster_missing, require_cluster, run_job
@@ -103,3 +105,17 @@ def test_an_elastic_job_goes_on_without_a_host_whose_link_is_cut(tmp_path):
     recovery = assert_lost_and_regained(job, events(job, "DYING")[0]["time"])
     assert recovery < 3 + RESTART_SECONDS, recovery
     print(f"cut link: {recovery:.1f} s from the failure to the next step (heartbeat timeout 3 s)")
+
+
+def test_a_torchrun_script_runs_across_the_hosts_under_rrun(tmp_path):
+    """tests/jobs/torch/torch_distributed.py on gloo, one rank on each host: torchrun's variables
+    name each rank's host, rendezvous at hosta's address, and DDP trains as one process."""
+    job = run_job(2, "torch/torch_distributed.py", tmp_path, "gloo", rrun_args=("-H", "hosta:1,hostb:1"),
+                  on_cluster=True, timeout=150)
+    assert job.returncode == 0, job.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    environments = [results["environment"] for results in ranks]
+    assert [(e["GROUP_RANK"], e["LOCAL_RANK"], e["GROUP_WORLD_SIZE"]) for e in environments] == [
+        ("0", "0", "2"), ("1", "0", "2")]
+    assert environments[0]["MASTER_ADDR"] == environments[1]["MASTER_ADDR"] != "127.0.0.1"
+    torch_cases.assert_ddp_equals_one_process(2, ranks)

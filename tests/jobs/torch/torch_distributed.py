@@ -20,8 +20,7 @@ def base(rank):
 
 
 def calls(rank, size):
-    got = {"environment": {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                                      "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}}
+    got = {}
     mine = base(rank)
     for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT"):
         tensor = mine.clone() if op != "PRODUCT" else mine.clone() % 3 + 1
@@ -71,6 +70,34 @@ def calls(rank, size):
             dist.recv(message, src=peer)
         got["send_recv"] = message
     dist.barrier()
+    got.update(subgroups(rank, size))
+    got["horovod_style"] = ringreduce.torch.allreduce(torch.ones(2) * rank, op=ringreduce.torch.Sum)
+    return got
+
+
+def subgroups(rank, size):
+    """A group of the first and the last rank (every rank asks for it, as torch requires), and at
+    4 ranks a 2 x 2 device mesh: each dimension's groups."""
+    got = {}
+    ends = dist.new_group([0, size - 1])
+    if rank in (0, size - 1):
+        tensor = torch.full((3,), float(rank))
+        dist.all_reduce(tensor, group=ends)
+        got["ends.all_reduce"] = tensor
+        tensor = torch.full((2,), float(rank))
+        dist.broadcast(tensor, src=size - 1, group=ends)
+        got["ends.broadcast"] = tensor
+        outputs = [torch.zeros(1) for _ in range(2)]
+        dist.all_gather(outputs, torch.tensor([float(rank)]), group=ends)
+        got["ends.all_gather"] = torch.cat(outputs)
+    if size == 4:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
+        for dim in ("data", "model"):
+            tensor = torch.tensor([float(rank)])
+            dist.all_reduce(tensor, group=mesh.get_group(dim))
+            got[f"mesh.{dim}"] = tensor
     return got
 
 
@@ -90,17 +117,68 @@ def train_ddp(rank, size):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def train_wrapped(rank, size, how):
+    """torch_cases' training as `how` wraps it: DDP with one of its communication hooks, DDP with
+    ZeroRedundancyOptimizer, or FSDP2's fully_shard; the final (whole) weights."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+
+    model = torch_cases.model()
+    inputs, labels = torch_cases.data()
+    per_rank = torch_cases.BATCH // size
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    if how == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        wrapped = fully_shard(model)
+        optimizer = torch_cases.optimizer("sgd", wrapped.parameters())
+    else:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        if how == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.SGD, lr=0.1,
+                                                momentum=0.9)
+        else:
+            optimizer = torch_cases.optimizer("sgd", wrapped.parameters())
+        if how == "fp16":
+            wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if how == "post_local_sgd":  # its subgroup: one per host (without CUDA it must be given), here the job
+            subgroup, _ = dist.new_subgroups(group_size=size)
+            state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=2)
+            wrapped.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        if how == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                                start_powerSGD_iter=2)
+            wrapped.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    for _ in range(torch_cases.STEPS):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(wrapped(inputs[mine]), labels[mine]).backward()
+        optimizer.step()
+    weights = {}
+    for name, p in model.named_parameters():
+        value = p.detach()
+        weights[name] = (value.full_tensor() if hasattr(value, "full_tensor") else value).clone()
+    return weights
+
+
 def main():
     out, backend = sys.argv[1], sys.argv[2]
     dist.init_process_group(backend)
     rank, size = dist.get_rank(), dist.get_world_size()
-    results = {"calls": calls(rank, size) if backend == "ringreduce" else {}, "ddp": train_ddp(rank, size)}
+    environment = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                              "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    results = {"environment": environment, "calls": calls(rank, size) if backend == "ringreduce" else {},
+               "ddp": train_ddp(rank, size)}
+    if backend == "ringreduce" and size == 2:
+        results["wrapped"] = {how: train_wrapped(rank, size, how) for how in ("fp16", "powersgd", "post_local_sgd",
+                                                                              "zero", "fsdp2")}
     if backend == "ringreduce":
         try:
             dist.all_reduce(torch.zeros(3 + rank))
         except Exception as error:  # noqa: BLE001 - what the test checks
             results["mismatch"] = f"{type(error).__name__}: {error}"
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
+    dist.barrier()  # no rank leaves while another still reaches rank 0's store
     dist.destroy_process_group()
 
 
