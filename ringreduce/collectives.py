@@ -29,41 +29,52 @@ from ringreduce.process_sets import ProcessSet, global_process_set
 from ringreduce.resilience import preemption
 
 
-def allreduce_async(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    compression: CompressorLike = Compression.none,
-                    process_set: ProcessSet = global_process_set) -> Handle:
-    """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
-    element-wise; every rank gets the result."""
-    return _submit("allreduce", name, lambda domain: _reduction(
-        tensor, op, prescale_factor, postscale_factor, compression, in_place=False), process_set)
+def _allreduce_calls(in_place: bool):
+    """The four allreduce calls, written once for both forms: out of place (`allreduce`, ...), or
+    writing each result into the array it was given (`allreduce_`, ..., named with a trailing _)."""
+
+    def allreduce_async(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        compression: CompressorLike = Compression.none,
+                        process_set: ProcessSet = global_process_set) -> Handle:
+        """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
+        element-wise; every rank gets the result (the in-place form: in `tensor`, which must be
+        writeable and C-contiguous)."""
+        return _submit("allreduce", name, lambda domain: _reduction(
+            tensor, op, prescale_factor, postscale_factor, compression, in_place=in_place), process_set)
+
+    def grouped_allreduce_async(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                compression: CompressorLike = Compression.none,
+                                process_set: ProcessSet = global_process_set) -> Handle:
+        """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
+        return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression,
+                                                     process_set), tensors, name, process_set)
+
+    def allreduce(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                  compression: CompressorLike = Compression.none,
+                  process_set: ProcessSet = global_process_set) -> Array:
+        """allreduce_async waited for: the combined array."""
+        return _plain_allreduce(allreduce_async, tensor, op, name, prescale_factor, postscale_factor, compression,
+                                process_set, in_place)
+
+    def grouped_allreduce(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          compression: CompressorLike = Compression.none,
+                          process_set: ProcessSet = global_process_set) -> list[Array]:
+        """grouped_allreduce_async waited for: the list of combined arrays."""
+        return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
+                                                              compression, process_set), process_set, in_order=False)
+
+    calls = allreduce_async, grouped_allreduce_async, allreduce, grouped_allreduce
+    for call in calls:
+        call.__name__ = call.__qualname__ = call.__name__ + ("_" if in_place else "")
+    return calls
 
 
-def allreduce_async_(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     compression: CompressorLike = Compression.none,
-                     process_set: ProcessSet = global_process_set) -> Handle:
-    """allreduce_async that writes the result into `tensor` (writeable and C-contiguous)."""
-    return _submit("allreduce", name, lambda domain: _reduction(
-        tensor, op, prescale_factor, postscale_factor, compression, in_place=True), process_set)
-
-
-def grouped_allreduce_async(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            compression: CompressorLike = Compression.none,
-                            process_set: ProcessSet = global_process_set) -> Handle:
-    """allreduce of several arrays submitted together (so they fuse); the handle gives a list."""
-    return _grouped(lambda t, n: allreduce_async(t, op, n, prescale_factor, postscale_factor, compression,
-                                                 process_set), tensors, name, process_set)
-
-
-def grouped_allreduce_async_(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
-                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             compression: CompressorLike = Compression.none,
-                             process_set: ProcessSet = global_process_set) -> Handle:
-    """grouped_allreduce_async that writes each result into its array."""
-    return _grouped(lambda t, n: allreduce_async_(t, op, n, prescale_factor, postscale_factor, compression,
-                                                  process_set), tensors, name, process_set)
+allreduce_async, grouped_allreduce_async, allreduce, grouped_allreduce = _allreduce_calls(in_place=False)
+allreduce_async_, grouped_allreduce_async_, allreduce_, grouped_allreduce_ = _allreduce_calls(in_place=True)
 
 
 def grouped_allgather_async(tensors: Sequence[ArrayLike], name: str | None = None,
@@ -122,36 +133,6 @@ def alltoall_async(tensor: ArrayLike, splits: ArrayLike | None = None, name: str
     """
     pair = splits is not None if return_splits is None else return_splits
     return _submit("alltoall", name, lambda domain: _alltoall(tensor, splits, domain, pair), process_set)
-
-
-def allreduce(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, compression: CompressorLike = Compression.none,
-              process_set: ProcessSet = global_process_set) -> Array:
-    return _plain_allreduce(allreduce_async, tensor, op, name, prescale_factor, postscale_factor, compression,
-                            process_set, in_place=False)
-
-
-def allreduce_(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, compression: CompressorLike = Compression.none,
-               process_set: ProcessSet = global_process_set) -> Array:
-    return _plain_allreduce(allreduce_async_, tensor, op, name, prescale_factor, postscale_factor, compression,
-                            process_set, in_place=True)
-
-
-def grouped_allreduce(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      compression: CompressorLike = Compression.none,
-                      process_set: ProcessSet = global_process_set) -> list[Array]:
-    return _synchronously(lambda: grouped_allreduce_async(tensors, op, name, prescale_factor, postscale_factor,
-                                                          compression, process_set), process_set, in_order=False)
-
-
-def grouped_allreduce_(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       compression: CompressorLike = Compression.none,
-                       process_set: ProcessSet = global_process_set) -> list[Array]:
-    return _synchronously(lambda: grouped_allreduce_async_(tensors, op, name, prescale_factor, postscale_factor,
-                                                           compression, process_set), process_set, in_order=False)
 
 
 def grouped_allgather(tensors: Sequence[ArrayLike], name: str | None = None,

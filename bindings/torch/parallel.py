@@ -20,11 +20,10 @@ class _SplitLinear(torch.nn.Module):
     """A Linear whose weight is split evenly across `process_set` along `split_dim` (0: the output
     features, 1: the input features), in set-rank order; the bias follows the output features."""
 
-    split_dim: int  # 0 or 1, each subclass's
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, process_set: ProcessSet) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, process_set: ProcessSet,
+                 split_dim: int) -> None:
         super().__init__()
-        self.process_set = process_set
+        self.process_set, self.split_dim = process_set, split_dim
         shape = [out_features, in_features]
         what = ("out_features", "in_features")[self.split_dim]
         shape[self.split_dim] = _part(shape[self.split_dim], process_set, what)
@@ -38,9 +37,9 @@ class _SplitLinear(torch.nn.Module):
         """This rank's part of an existing torch.nn.Linear (the same on every rank of the set)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, process_set, **options)
         with torch.no_grad():
-            layer.weight.copy_(_mine(linear.weight, cls.split_dim, process_set))
+            layer.weight.copy_(_mine(linear.weight, layer.split_dim, process_set))
             if linear.bias is not None and layer.bias is not None:
-                layer.bias.copy_(_mine(linear.bias, 0, process_set) if cls.split_dim == 0 else linear.bias)
+                layer.bias.copy_(_mine(linear.bias, 0, process_set) if layer.split_dim == 0 else linear.bias)
         return layer
 
 
@@ -50,11 +49,9 @@ class ColumnParallelLinear(_SplitLinear):
     the whole y; without, its own slice of the last dimension (for a RowParallelLinear).
     `from_linear(linear, process_set, gather_output=True)` splits an existing Linear."""
 
-    split_dim = 0
-
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  process_set: ProcessSet = global_process_set, gather_output: bool = True) -> None:
-        super().__init__(in_features, out_features, bias, process_set)
+        super().__init__(in_features, out_features, bias, process_set, split_dim=0)
         self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,11 +66,9 @@ class RowParallelLinear(_SplitLinear):
     ColumnParallelLinear's split output); without, the whole x, of which each rank takes its slice.
     `from_linear(linear, process_set, input_is_parallel=True)` splits an existing Linear."""
 
-    split_dim = 1
-
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  process_set: ProcessSet = global_process_set, input_is_parallel: bool = True) -> None:
-        super().__init__(in_features, out_features, bias, process_set)
+        super().__init__(in_features, out_features, bias, process_set, split_dim=1)
         self.input_is_parallel = input_is_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
