@@ -8,6 +8,7 @@ not change until the handle is done. The in-place forms write into the array the
 """
 
 import threading
+import time
 import typing
 from collections.abc import Sequence
 
@@ -236,8 +237,12 @@ class GroupHandle:
     def done(self):
         return all(h.done() for h in self.handles)
 
-    def wait(self):
-        return [h.wait() for h in self.handles]
+    def wait(self, timeout: float | None = None):
+        """Every member's result; a TimeoutError once `timeout` seconds have passed in all."""
+        if timeout is None:
+            return [h.wait() for h in self.handles]
+        deadline = time.monotonic() + timeout
+        return [h.wait(max(0.0, deadline - time.monotonic())) for h in self.handles]
 
 
 # .plain, in a plain call: (domain, numbers of its waiting names held, whether it meets the others in
@@ -332,7 +337,7 @@ class Finished(typing.NamedTuple):
     def done(self):
         return True
 
-    def wait(self):
+    def wait(self, timeout: float | None = None):
         return self.result
 
 

@@ -62,6 +62,7 @@ class Work:
 
     def __init__(self, transfer):
         self._result, self._error = None, None
+        self._described = transfer.describe()
         self._thread = threading.Thread(target=self._run, args=(transfer,), daemon=True,
                                         name="ringreduce-point-to-point")
         self._thread.start()
@@ -78,9 +79,11 @@ class Work:
     done = is_completed
 
     def wait(self, timeout: float | None = None) -> int | bool | None:
+        """The sender's rank for a receive; a TimeoutError after `timeout` seconds unfinished (as
+        torch's gloo raises)."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            return False
+            raise TimeoutError(f"{self._described} did not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return self._result
@@ -104,6 +107,10 @@ class _Transfer:
         arrays.check_dtype(self.array)
         if self.array.ndim > _MAX_DIMS:
             raise ValueError(f"{what}: at most {_MAX_DIMS} dimensions, got {self.array.ndim}")
+
+    def describe(self):
+        peer = "any rank" if self.peer is None else f"rank {self.ranks[self.peer]}"
+        return f"{self.what} {'to' if self.what == 'send' else 'from'} {peer} with tag {self.tag}"
 
     def header(self, channel):
         shape = list(self.array.shape) + [0] * (_MAX_DIMS - self.array.ndim)
@@ -141,7 +148,8 @@ class _Recv(_Transfer):
     def __init__(self, tensor, src, process_set, tag):
         super().__init__(tensor, src, process_set, tag, "recv", writes=True)
         self.received = np.empty(3 + _MAX_DIMS, dtype=np.int64)
-        source = MPI.ANY_SOURCE if src is None else self.ranks.index(src)
+        self.peer = None if src is None else self.ranks.index(src)
+        source = MPI.ANY_SOURCE if self.peer is None else self.peer
         self.request = self.comm.Irecv(self.received, source, self.tag)  # posted here: the order of receives
 
     def finish(self):

@@ -266,6 +266,14 @@ def shutdown() -> None:
     runtime.close()
 
 
+def end_job_at_exit(error: str) -> None:
+    """This rank's collectives cannot go on (a call of it timed out, say): its exit, however it
+    comes, ends the job as an uncaught error would, naming `error`, instead of waiting for the
+    other ranks to shut down too."""
+    if _active is not None and _active.topology.size > 1:
+        exit_hooks.end_job_at_exit(_active, 1, error)
+
+
 def shrink() -> None:
     """Go on without the ranks that failed (MPI's fault tolerance, ULFM): the runtime of the old job
     is left as it is (its communicators include the dead; freeing them would wait for it), its

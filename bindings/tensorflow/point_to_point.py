@@ -53,6 +53,5 @@ class _Received:
     def wait(self, timeout=None):
         with raised_as_tensorflow_errors():
             sender = self._work.wait(timeout)
-        if sender is not False:
-            self._variable.assign(self._array)
+        self._variable.assign(self._array)
         return sender

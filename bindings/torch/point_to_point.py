@@ -56,6 +56,5 @@ class _Received:
 
     def wait(self, timeout=None):
         sender = self._work.wait(timeout)
-        if sender is not False:
-            self._write_back()
+        self._write_back()
         return sender

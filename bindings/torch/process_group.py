@@ -7,8 +7,9 @@ fails or hangs on the other.
 Each call is submitted to the engine at once, in the caller's order, under a name of its own
 (`torch.distributed.allreduce.7`: the seventh call of this group), so that async calls overlap
 as they do on gloo; a thread of the group completes each call's future when the engine has run
-it. What it does not serve (subgroups, PREMUL_SUM, bitwise ops) raises NotImplementedError
-naming the call.
+it. What it does not serve (PREMUL_SUM, bitwise ops) raises NotImplementedError naming the call.
+Every wait honours the group's timeout (init_process_group's `timeout=`), failing with torch's
+DistBackendError as its own backends do.
 """
 
 import concurrent.futures
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ringreduce as core
+from ringreduce import runtime
 import torch
 import torch.distributed as dist
 from ringreduce.process_sets import ProcessSet, global_process_set, process_set_among
@@ -128,6 +130,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
                  group_id: str) -> None:
         super().__init__(rank, size)
         self.timeout, self.process_set = timeout, process_set
+        self._seconds = timeout.total_seconds()
         self._calls_prefix = f"torch.distributed.{group_id}"
         self._torch_name = self._torch_description = group_id
         self._global_ranks = process_set.ranks or []
@@ -160,16 +163,28 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def _work(self, wait: Callable[[], object], opts: Any) -> dist.Work:
         """The call's work: waited for here when the caller waits at once (c10d's sync calls say
-        so, `asyncOp` False), else by the group's completion thread."""
+        so, `asyncOp` False), else by the group's completion thread. `wait` passes the group's
+        timeout on to what it waits for."""
+        def within_timeout() -> object:
+            try:
+                return wait()
+            except TimeoutError as error:
+                ranks = self._global_ranks or list(range(core.size()))
+                timed_out = dist.DistBackendError(
+                    f"ringreduce: rank {core.rank()}: {error}, the timeout of this process group "
+                    f"(init_process_group or new_group's timeout=): a rank of {ranks} has not made the same call")
+                runtime.end_job_at_exit(str(timed_out))  # the group is broken, as on torch's backends
+                raise timed_out from None
+
         if opts is None or getattr(opts, "asyncOp", True):
-            return self._completions.work(wait)
+            return self._completions.work(within_timeout)
         try:
-            return _Work().finish(wait())
+            return _Work().finish(within_timeout())
         except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
             return _Work().finish(error=error)
 
     def _submit(self, handle: Any, opts: Any, after: Callable[[Any], object] = lambda result: result) -> dist.Work:
-        return self._work(lambda: after(handle.wait()), opts)
+        return self._work(lambda: after(handle.wait(self._seconds)), opts)
 
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts or dist.AllreduceOptions(), "all_reduce")
@@ -184,7 +199,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         root = (opts or dist.BroadcastOptions()).rootRank
         handles = [tensors.broadcast_async_(t, self._global(root), name=self._name("broadcast"),
                                             process_set=self.process_set) for t in tensor_list]
-        return self._work(lambda: [h.wait() for h in handles], opts)
+        return self._work(lambda: [h.wait(self._seconds) for h in handles], opts)
 
     def allgather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
@@ -214,7 +229,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return self._work(lambda: [w.wait() for w in works], opts)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = _op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
@@ -228,13 +243,13 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._work(lambda: [w.wait() for w in works], opts)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
 
     def reduce_scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(output, torch.stack([t.reshape(output.shape) for t in inputs]), opts)
                  for output, inputs in zip(output_list, input_lists, strict=True)]
-        return self._work(lambda: [w.wait() for w in works], opts)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> dist.Work:
@@ -292,27 +307,29 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             handle = tensors.broadcast_async_(whole, self._global(root), name=self._name("scatter"),
                                               process_set=self.process_set)
             works.append(self._submit(handle, opts, functools.partial(self._take_mine, output)))
-        return self._work(lambda: [w.wait() for w in works], opts)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
 
     def _take_mine(self, output: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
         """This rank's row of a broadcast scatter, into `output`."""
         return output.copy_(whole[self.rank()])
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        core.barrier(self.process_set)
-        return _Work().finish()
+        """An allreduce of one element, as gloo's barrier: it keeps the group's order and timeout."""
+        handle = tensors.allreduce_async(torch.zeros(1), name=self._name("barrier"), op=core.Sum,
+                                         process_set=self.process_set)
+        return self._submit(handle, opts)
 
     def send(self, tensor_list: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         works = [point_to_point.isend(t, self._global(dst), self.process_set, tag) for t in tensor_list]
-        return self._work(lambda: [w.wait() for w in works], None)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], None)
 
     def recv(self, tensor_list: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         works = [point_to_point.irecv(t, self._global(src), self.process_set, tag) for t in tensor_list]
-        return self._work(lambda: [w.wait() for w in works], None)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], None)
 
     def recv_anysource(self, tensor_list: list[torch.Tensor], tag: int = 0) -> dist.Work:
         works = [point_to_point.irecv(t, None, self.process_set, tag) for t in tensor_list]
-        return self._work(lambda: [w.wait() for w in works], None)
+        return self._work(lambda: [w.wait(self._seconds) for w in works], None)
 
 
 def _same_shapes(outputs: Sequence[torch.Tensor], tensor: torch.Tensor, size: int, call: str) -> None:

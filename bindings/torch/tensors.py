@@ -51,8 +51,8 @@ class Handle:
     def done(self):
         return self._handle.done()
 
-    def wait(self):
-        return self._convert(self._handle.wait())
+    def wait(self, timeout: float | None = None):
+        return self._convert(self._handle.wait(timeout))
 
 
 def _out_of_place(tensor):

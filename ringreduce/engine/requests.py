@@ -47,13 +47,16 @@ class Handle:
     def succeeded(self):
         return self.done() and self._error is None
 
-    def wait(self):
+    def wait(self, timeout: float | None = None):
+        """The result, once the engine has it; a TimeoutError after `timeout` seconds without."""
         if self._waiters is not None and self._pending.locked():
-            with self._waiters, self._pending:
-                pass
+            with self._waiters:
+                finished = self._pending.acquire(timeout=-1 if timeout is None else timeout)
         else:
-            with self._pending:
-                pass
+            finished = self._pending.acquire(timeout=-1 if timeout is None else timeout)
+        if not finished:
+            raise TimeoutError(f"{self.name} did not finish within {timeout:g} s")
+        self._pending.release()
         if self._error is not None:
             raise self._error
         return self._result

@@ -27,12 +27,8 @@ def install(active: Callable[[], object], shutdown: Callable[[], None]) -> None:
         runtime = active()
         if runtime is None or runtime.topology.size == 1:
             return
-        runtime.failing = True
         code = 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
-        if protocol.under_rrun():
-            error = f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins.")
-            tell_rrun(protocol.status_line(runtime.topology.rank, code, error))
-        set_abort_status(code)
+        end_job_at_exit(runtime, code, f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins."))
 
     def shutdown_at_exit():
         runtime = active()
@@ -41,6 +37,15 @@ def install(active: Callable[[], object], shutdown: Callable[[], None]) -> None:
 
     sys.excepthook = abort_job_on_uncaught
     atexit.register(shutdown_at_exit)
+
+
+def end_job_at_exit(runtime, code: int, error: str) -> None:
+    """This rank's exit ends the whole MPI job with `code` (rrun hears `error` as its reason)
+    instead of shutting down cleanly, which would wait for the other ranks."""
+    runtime.failing = True
+    if protocol.under_rrun():
+        tell_rrun(protocol.status_line(runtime.topology.rank, code, error))
+    set_abort_status(code)
 
 
 def tell_rrun(line):

@@ -105,3 +105,14 @@ def assert_ddp_equals_one_process(size, ranks):
         for name, value in results["ddp"].items():
             torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6, msg=f"{name} on rank {rank}")
             assert torch.equal(value, ranks[0]["ddp"][name]), f"{name} differs between rank 0 and rank {rank}"
+
+
+def assert_torchrun_across_two_hosts(ranks):
+    """tests/jobs/torch/torch_distributed.py's results with one rank on each of two hosts:
+    torchrun's variables name each rank's host, rank 0's address (not loopback) is the rendezvous,
+    and DDP trains as one process."""
+    environments = [results["environment"] for results in ranks]
+    assert [(e["GROUP_RANK"], e["LOCAL_RANK"], e["GROUP_WORLD_SIZE"]) for e in environments] == [
+        ("0", "0", "2"), ("1", "0", "2")]
+    assert environments[0]["MASTER_ADDR"] == environments[1]["MASTER_ADDR"] != "127.0.0.1"
+    assert_ddp_equals_one_process(2, ranks)

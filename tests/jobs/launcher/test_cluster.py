@@ -113,9 +113,5 @@ def test_a_torchrun_script_runs_across_the_hosts_under_rrun(tmp_path):
     job = run_job(2, "torch/torch_distributed.py", tmp_path, "gloo", rrun_args=("-H", "hosta:1,hostb:1"),
                   on_cluster=True, timeout=150)
     assert job.returncode == 0, job.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    environments = [results["environment"] for results in ranks]
-    assert [(e["GROUP_RANK"], e["LOCAL_RANK"], e["GROUP_WORLD_SIZE"]) for e in environments] == [
-        ("0", "0", "2"), ("1", "0", "2")]
-    assert environments[0]["MASTER_ADDR"] == environments[1]["MASTER_ADDR"] != "127.0.0.1"
-    torch_cases.assert_ddp_equals_one_process(2, ranks)
+    torch_cases.assert_torchrun_across_two_hosts(
+        [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)])

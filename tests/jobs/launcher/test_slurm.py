@@ -9,6 +9,8 @@ import sys
 import time
 
 import pytest
+import torch
+import torch_cases
 
 from ringreduce import checkpoint
 
@@ -58,6 +60,16 @@ def test_a_batch_script_that_execs_rrun_runs_where_slurm_placed_it_without_ssh(t
     said = ranks_said(output)
     assert sorted(said) == [0, 1] and {s["host"] for s in said.values()} == {"hosta", "hostb"}
     assert all(s["size"] == 2 and s["sum"] == [3.0, 3.0, 3.0] and len(s["cpus"]) == 1 for s in said.values())
+
+
+def test_a_torchrun_script_in_a_batch_script_runs_under_rrun_across_the_nodes(tmp_path):
+    """tests/jobs/torch/torch_distributed.py on gloo, exec'd by rrun in a two-node allocation:
+    torchrun's variables come from where Slurm placed the ranks, and DDP trains as one process."""
+    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/torch/torch_distributed.py {tmp_path} gloo",
+                           "-N", "2", "--ntasks-per-node=1")
+    assert result.returncode == 0, output.read_text()[-3000:] if output.exists() else result.stderr
+    torch_cases.assert_torchrun_across_two_hosts(
+        [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)])
 
 
 def test_srun_starts_the_ranks_and_init_names_a_world_mpi_does_not_see():

@@ -69,6 +69,18 @@ def calls(rank, size):
         else:
             dist.recv(message, src=peer)
         got["send_recv"] = message
+    left, right = (rank - 1) % size, (rank + 1) % size
+    arrived = torch.zeros(2)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), float(rank)), right),
+                                    dist.P2POp(dist.irecv, arrived, left)])
+    for work in works:
+        work.wait()
+    got["batch_isend_irecv"] = arrived
+    arrived = torch.zeros(1)
+    works = [dist.isend(torch.tensor([rank * 2.0]), left), dist.irecv(arrived, right)]
+    for work in works:
+        work.wait()
+    got["isend_irecv"] = arrived
     dist.barrier()
     got.update(subgroups(rank, size))
     got["horovod_style"] = ringreduce.torch.allreduce(torch.ones(2) * rank, op=ringreduce.torch.Sum)
@@ -98,7 +110,27 @@ def subgroups(rank, size):
             tensor = torch.tensor([float(rank)])
             dist.all_reduce(tensor, group=mesh.get_group(dim))
             got[f"mesh.{dim}"] = tensor
+        got["tensor_parallel"] = tensor_parallel(mesh["model"])
     return got
+
+
+def tensor_parallel(mesh):
+    """torch_cases' model with its first layer split by columns and its last by rows over `mesh`
+    (torch.distributed.tensor.parallel), one SGD step on the whole batch: the output before the
+    step and the whole weights after it."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model = torch_cases.model()
+    layers = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    parallelize_module(model, mesh, {layers[0]: ColwiseParallel(), layers[-1]: RowwiseParallel()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, labels = torch_cases.data()
+    output = model(inputs)
+    torch.nn.functional.cross_entropy(output, labels).backward()
+    optimizer.step()
+    weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+               for name, p in model.named_parameters()}
+    return {"output": output.detach().clone(), "weights": weights}
 
 
 def train_ddp(rank, size):
@@ -142,6 +174,10 @@ def train_wrapped(rank, size, how):
             optimizer = torch_cases.optimizer("sgd", wrapped.parameters())
         if how == "fp16":
             wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        if how == "bf16":  # DDP refuses bf16_compress_hook by its name without NCCL: called through another
+            def bfloat16_hook(state, bucket):
+                return default_hooks.bf16_compress_hook(state, bucket)
+            wrapped.register_comm_hook(None, bfloat16_hook)
         if how == "post_local_sgd":  # its subgroup: one per host (without CUDA it must be given), here the job
             subgroup, _ = dist.new_subgroups(group_size=size)
             state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=subgroup, start_localSGD_iter=2)
@@ -170,7 +206,7 @@ def main():
     results = {"environment": environment, "calls": calls(rank, size) if backend == "ringreduce" else {},
                "ddp": train_ddp(rank, size)}
     if backend == "ringreduce" and size == 2:
-        results["wrapped"] = {how: train_wrapped(rank, size, how) for how in ("fp16", "powersgd", "post_local_sgd",
+        results["wrapped"] = {how: train_wrapped(rank, size, how) for how in ("fp16", "bf16", "powersgd", "post_local_sgd",
                                                                               "zero", "fsdp2")}
     if backend == "ringreduce":
         try:
