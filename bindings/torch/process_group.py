@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ringreduce as core
-from ringreduce import runtime
 import torch
 import torch.distributed as dist
+from ringreduce import runtime
 from ringreduce.process_sets import ProcessSet, global_process_set, process_set_among
 from ringreduce.torch import point_to_point, tensors
 from torch.futures import Future

@@ -28,7 +28,8 @@ def install(active: Callable[[], object], shutdown: Callable[[], None]) -> None:
         if runtime is None or runtime.topology.size == 1:
             return
         code = 128 + signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
-        end_job_at_exit(runtime, code, f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins."))
+        error = f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".removeprefix("builtins.")
+        end_job_at_exit(runtime, code, error)
 
     def shutdown_at_exit():
         runtime = active()

@@ -124,7 +124,8 @@ def test_a_torchrun_script_on_gloo_runs_unchanged_under_rrun(tmp_path_factory):
 
 # (how, tolerance against one process): the fp16 and bf16 hooks round each gradient on the wire;
 # PowerSGD approximates them, so only that the replicas stay the same is checked for it.
-WRAPPED = [("fp16", 2e-3), ("bf16", 2e-2), ("powersgd", None), ("post_local_sgd", 1e-5), ("zero", 1e-5), ("fsdp2", 1e-5)]
+WRAPPED = [("fp16", 2e-3), ("bf16", 2e-2), ("powersgd", None), ("post_local_sgd", 1e-5), ("zero", 1e-5),
+           ("fsdp2", 1e-5)]
 
 
 @pytest.mark.parametrize("ringreduce_job", [2], indirect=True)

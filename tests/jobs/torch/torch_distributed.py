@@ -206,8 +206,8 @@ def main():
     results = {"environment": environment, "calls": calls(rank, size) if backend == "ringreduce" else {},
                "ddp": train_ddp(rank, size)}
     if backend == "ringreduce" and size == 2:
-        results["wrapped"] = {how: train_wrapped(rank, size, how) for how in ("fp16", "bf16", "powersgd", "post_local_sgd",
-                                                                              "zero", "fsdp2")}
+        results["wrapped"] = {how: train_wrapped(rank, size, how)
+                              for how in ("fp16", "bf16", "powersgd", "post_local_sgd", "zero", "fsdp2")}
     if backend == "ringreduce":
         try:
             dist.all_reduce(torch.zeros(3 + rank))
