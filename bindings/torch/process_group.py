@@ -229,7 +229,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
-        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
+        return self._work(lambda: [w.wait(self.timeout) for w in works], opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = _op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
@@ -243,13 +243,13 @@ class RingreduceProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
-        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
+        return self._work(lambda: [w.wait(self.timeout) for w in works], opts)
 
     def reduce_scatter(self, output_list: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         works = [self.reduce_scatter_single(output, torch.stack([t.reshape(output.shape) for t in inputs]), opts)
                  for output, inputs in zip(output_list, input_lists, strict=True)]
-        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
+        return self._work(lambda: [w.wait(self.timeout) for w in works], opts)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> dist.Work:
@@ -307,7 +307,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
             handle = tensors.broadcast_async_(whole, self._global(root), name=self._name("scatter"),
                                               process_set=self.process_set)
             works.append(self._submit(handle, opts, functools.partial(self._take_mine, output)))
-        return self._work(lambda: [w.wait(self._seconds) for w in works], opts)
+        return self._work(lambda: [w.wait(self.timeout) for w in works], opts)
 
     def _take_mine(self, output: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
         """This rank's row of a broadcast scatter, into `output`."""
