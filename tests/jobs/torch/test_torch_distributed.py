@@ -86,8 +86,11 @@ def test_tensor_parallel_on_a_2d_mesh_matches_one_process(ringreduce_job):
     output = model(inputs)
     torch.nn.functional.cross_entropy(output, labels).backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
+    first, last = (name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    split = {f"{first}.weight": (8, 8), f"{first}.bias": (8,), f"{last}.weight": (4, 8), f"{last}.bias": (4,)}
     for rank, results in enumerate(ranks):
         got = results["calls"]["tensor_parallel"]
+        assert got["parts"] == split, f"rank {rank} holds {got['parts']}, not half of each split dimension"
         torch.testing.assert_close(got["output"], output.detach(), msg=f"output on rank {rank}")
         for name, value in model.named_parameters():
             torch.testing.assert_close(got["weights"][name], value.detach(), msg=f"{name} on rank {rank}")
@@ -137,6 +140,8 @@ def test_ddp_s_hooks_zero_and_fsdp2_train_with_identical_replicas(ringreduce_job
         for name, value in results["wrapped"][how].items():
             assert torch.equal(value, ranks[0]["wrapped"][how][name]), f"{how}: {name} differs on rank {rank}"
             assert not torch.equal(value, initial[name].detach()), f"{how}: {name} did not train"
+        if how in ("fp16", "bf16"):  # the hook ran: its rounding shows against plain DDP
+            assert any(not torch.equal(value, results["ddp"][name]) for name, value in results["wrapped"][how].items())
             if tolerance is not None:
                 torch.testing.assert_close(value, reference[name], rtol=tolerance, atol=tolerance,
                                            msg=f"{how}: {name} on rank {rank}")

@@ -117,7 +117,7 @@ def subgroups(rank, size):
 def tensor_parallel(mesh):
     """torch_cases' model with its first layer split by columns and its last by rows over `mesh`
     (torch.distributed.tensor.parallel), one SGD step on the whole batch: the output before the
-    step and the whole weights after it."""
+    step, the shape of this rank's part of each weight, and the whole weights after the step."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     model = torch_cases.model()
@@ -128,9 +128,9 @@ def tensor_parallel(mesh):
     output = model(inputs)
     torch.nn.functional.cross_entropy(output, labels).backward()
     optimizer.step()
-    weights = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-               for name, p in model.named_parameters()}
-    return {"output": output.detach().clone(), "weights": weights}
+    parts = {name: tuple(p.to_local().shape) for name, p in model.named_parameters()}
+    weights = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+    return {"output": output.detach().clone(), "parts": parts, "weights": weights}
 
 
 def train_ddp(rank, size):
