@@ -1,6 +1,7 @@
 """torch.distributed on the ringreduce backend against gloo, in the same run: a bare all_reduce
-from 4 KiB to 64 MiB (and ringreduce's own allreduce_ beside it), and DDP's training step on an
-MLP. Run under rrun; rank 0 prints the table.
+from 4 KiB to 64 MiB (and ringreduce's own allreduce_ beside it), and DDP's training step on the
+training benchmark's MLP and small CNN (its batch of 32 per rank, one thread per rank). Run under
+rrun; rank 0 prints the table.
 
     rrun -np 2 python benchmarks/torch_distributed.py
 """
@@ -10,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from training import MODELS
 
 import ringreduce.torch as rr
 
@@ -35,14 +37,16 @@ def medians(runs, repeats):
     return [statistics.median(r[i] for r in rounds) for i in range(len(runs))]
 
 
-def ddp_step(group):
-    """One training step of DDP over `group` (the default group: ringreduce's)."""
+BATCH_PER_RANK = 32
+
+
+def ddp_step(build, group):
+    """One training step of DDP on the model `build` makes, over `group` (None: the default
+    group, ringreduce's)."""
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                            torch.nn.ReLU(), torch.nn.Linear(1024, 10)), process_group=group)
+    model = torch.nn.parallel.DistributedDataParallel(build(), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))
+    x, y = torch.randn(BATCH_PER_RANK, 3, 32, 32), torch.randint(0, 10, (BATCH_PER_RANK,))
 
     def step():
         optimizer.zero_grad()
@@ -63,7 +67,11 @@ def main():
     dist.init_process_group("ringreduce")
     gloo = dist.new_group(backend="gloo")
     rows = [all_reduce_row(nbytes, gloo) for nbytes in SIZES]
-    rows.append(("DDP step (MLP, 2.1M parameters)", *medians([ddp_step(None), ddp_step(gloo)], 10), None))
+    torch.set_num_threads(1)  # as the training benchmark: one core per rank
+    for name, build in MODELS.items():
+        parameters = sum(p.numel() for p in build().parameters())
+        rows.append((f"DDP step ({name}, {parameters / 1e6:.2f} M parameters)",
+                     *medians([ddp_step(build, None), ddp_step(build, gloo)], 10), None))
     if dist.get_rank() == 0:
         print(f"{dist.get_world_size()} ranks | ringreduce backend | gloo | gloo / ringreduce | rr.allreduce_")
         for name, mine, theirs, own in rows:

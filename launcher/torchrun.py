@@ -5,12 +5,17 @@ unchanged under `rrun -np N`, with any torch.distributed backend. A variable the
 left as it is."""
 
 import os
+import random
 import socket
 
 from ringreduce.launcher.link import advertised_host
 
 # rrun's placement, for each rank's wrapper: how many ranks each host takes, in order.
 HOST_SLOTS_VARIABLE = "RRUN_HOST_SLOTS"
+# Where the kernel keeps the ports it hands out to `bind(0)` and to outgoing connections.
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_MASTER_PORT = 20000
+
 # Where Open MPI, MPICH's Hydra and Slurm put a rank's place on its host, and the number there.
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
@@ -27,10 +32,32 @@ def rendezvous(placement: list[tuple[str, int]] | None, environ: os._Environ | d
         first = hosts[0] if hosts else "localhost"
         added["MASTER_ADDR"] = advertised_host(hosts) if first in here or first.startswith("127.") else first
     if "MASTER_PORT" not in environ:
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            added["MASTER_PORT"] = str(probe.getsockname()[1])
+        added["MASTER_PORT"] = str(free_master_port())
     return added
+
+
+def free_master_port() -> int:
+    """A port free now and below the kernel's ephemeral range: a port from that range, free when
+    rrun looks, can be any process's outgoing connection by the time rank 0 listens on it (the
+    MPI's own connections, made meanwhile, draw from it), and torch's store then fails with
+    EADDRINUSE."""
+    try:
+        with open(EPHEMERAL_PORTS) as ports:
+            ephemeral_start = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768
+    candidates = list(range(LOWEST_MASTER_PORT, max(ephemeral_start, LOWEST_MASTER_PORT + 1)))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # every port tried is taken: the kernel's choice, as torchrun makes it
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 def rank_environment(environ: os._Environ | dict, world_size: int, rank: int) -> dict[str, str]:

@@ -19,7 +19,7 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ringreduce as core
 import torch
@@ -92,6 +92,17 @@ class _Work(dist._Work):
 
     def get_future(self) -> Future:
         return self._future
+
+    def _source_rank(self) -> int:  # torch's name: dist.recv(src=None) asks it who sent
+        if not isinstance(self._result, _Sender):
+            raise RuntimeError("sourceRank() may only be called on work objects that correspond to a recv or "
+                               "recv-from-any call.")
+        return self._result.group_rank
+
+
+class _Sender(NamedTuple):
+    """What a receive from any rank finishes with: the sender's rank in the group."""
+    group_rank: int
 
 
 # Where futures' callbacks run: DDP's hooks chain calls in them and may wait for those (PowerSGD's
@@ -216,7 +227,12 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
-        return self.allgather(output_lists, input_list, opts)
+        """all_gather_coalesced's outputs are per rank (output_lists[rank][i]), allgather's per input."""
+        if len(output_lists) != self.size() or any(len(outputs) != len(input_list) for outputs in output_lists):
+            raise ValueError(f"all_gather_coalesced: the output must hold {self.size()} lists (one per rank) of "
+                             f"{len(input_list)} tensors, got {[len(outputs) for outputs in output_lists]}")
+        per_input = [list(outputs) for outputs in zip(*output_lists, strict=True)]
+        return self.allgather(per_input, input_list, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         if output.numel() != input.numel() * self.size():
@@ -329,7 +345,11 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensor_list: list[torch.Tensor], tag: int = 0) -> dist.Work:
         works = [point_to_point.irecv(t, None, self.process_set, tag) for t in tensor_list]
-        return self._work(lambda: [w.wait(self._seconds) for w in works], None)
+
+        def sender() -> _Sender:
+            senders = [w.wait(self._seconds) for w in works]
+            return _Sender(self._global_ranks.index(senders[0]) if self._global_ranks else senders[0])
+        return self._work(sender, None)
 
 
 def _same_shapes(outputs: Sequence[torch.Tensor], tensor: torch.Tensor, size: int, call: str) -> None:

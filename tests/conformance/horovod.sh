@@ -29,6 +29,6 @@ for suite in "${suites[@]}"; do
         "$python" -m pytest -p horovod_conformance -p no:cacheprovider -q -rN --timeout="$per_test_timeout" \
         --junitxml="$results/$suite-rank{rank}.xml" "$suite" "$@") > "$results/$suite.log" 2>&1
     echo "== $suite: $(($(date +%s) - started)) s under rrun -np $np (log: $results/$suite.log)"
-    "$python" -m horovod_conformance score "$results" "$suite" "$np" || status=1
+    "$python" -m conformance_results score "$results" "$suite" "$np" || status=1
 done
 exit "$status"

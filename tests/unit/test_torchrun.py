@@ -1,6 +1,8 @@
 """torchrun's conventions as rrun sets them (launcher/torchrun.py), and what the torch.distributed
 backend refuses, without ranks."""
 
+import socket
+
 import pytest
 
 from ringreduce.launcher import torchrun
@@ -20,6 +22,21 @@ def test_without_a_placement_slurm_s_node_and_the_mpi_s_local_rank_decide():
     got = torchrun.rank_environment(environ, 8, 7)
     assert (got["GROUP_RANK"], got["GROUP_WORLD_SIZE"], got["LOCAL_RANK"], got["LOCAL_WORLD_SIZE"]) == (
         "1", "2", "3", "4")
+
+
+def test_master_port_is_free_and_below_the_ports_the_kernel_hands_out(tmp_path, monkeypatch):
+    port = torchrun.free_master_port()
+    ephemeral_start = int(open(torchrun.EPHEMERAL_PORTS).read().split()[0])
+    assert torchrun.LOWEST_MASTER_PORT <= port < ephemeral_start
+    with socket.socket() as listener:
+        listener.bind(("", port))  # free: rank 0's store can listen there
+
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text(f"{torchrun.LOWEST_MASTER_PORT + 1}\t60999\n")
+    monkeypatch.setattr(torchrun, "EPHEMERAL_PORTS", str(ranges))
+    with socket.socket() as taken:
+        taken.bind(("", torchrun.LOWEST_MASTER_PORT))  # the only candidate is taken: the kernel chooses
+        assert torchrun.free_master_port() != torchrun.LOWEST_MASTER_PORT
 
 
 def test_the_rendezvous_is_rank_0_s_host_and_what_the_user_set_stays():

@@ -1,15 +1,12 @@
 """pytest plugin for Horovod's suites under rrun: one JUnit file per rank, the deselection
-(paths ringreduce does not offer), and the score of a run across its ranks.
-
-    python -m horovod_conformance score RESULTS_DIR SUITE   # after the suite ran
+(paths ringreduce does not offer); the score is conformance_results'.
 """
 
 import os
 import re
-import sys
-import xml.etree.ElementTree as ET
 
 import pytest
+from conformance_results import name_junit_file_by_rank
 
 # Horovod's GPU, NCCL, CCL, XLA, Adasum and sparse paths: not run, not scored.
 NOT_SCORED = re.compile(r"gpu|cuda|nccl|ccl|xla|adasum|sparse", re.IGNORECASE)
@@ -31,13 +28,6 @@ KERAS_2_ONLY = {
 SKIPPED: dict[str, str] = {}
 
 
-def _rank() -> str:
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RINGREDUCE_RANK"):
-        if name in os.environ:
-            return os.environ[name]
-    return "0"
-
-
 def _keras_3() -> bool:
     """Whether tf.keras is Keras 3 (TF_USE_LEGACY_KERAS=1 with tf_keras installed makes it Keras 2)."""
     if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true"):
@@ -50,8 +40,7 @@ def _keras_3() -> bool:
 
 
 def pytest_configure(config):
-    if config.option.xmlpath:
-        config.option.xmlpath = config.option.xmlpath.replace("{rank}", _rank())
+    name_junit_file_by_rank(config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -67,42 +56,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"Keras 2 only: {keras_2_only}"))
         elif name in SKIPPED:
             item.add_marker(pytest.mark.skip(reason=f"ringreduce: {SKIPPED[name]}"))
-
-
-def _outcomes(path: str) -> dict[str, str]:
-    outcomes = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kinds = {child.tag for child in case}
-        outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
-        key = f"{case.get('classname')}::{case.get('name')}"
-        if outcomes.get(key) != "failed":  # a teardown error is a second entry of the same test
-            outcomes[key] = outcome
-    return outcomes
-
-
-def score(results: str, suite: str, ranks: int) -> int:
-    """Prints the suite's score: a test passes when it passed on every rank that ran it and
-    no rank failed it; a rank that never reported it (it died, or hung) fails it."""
-    per_rank = []
-    for rank in range(ranks):
-        path = os.path.join(results, f"{suite}-rank{rank}.xml")
-        per_rank.append(_outcomes(path) if os.path.exists(path) else {})
-    names = sorted(set().union(*per_rank))
-    combined = {}
-    for name in names:
-        seen = [outcomes.get(name, "failed") for outcomes in per_rank]
-        combined[name] = "failed" if "failed" in seen else "skipped" if set(seen) == {"skipped"} else "passed"
-    counts = {kind: sum(1 for outcome in combined.values() if outcome == kind)
-              for kind in ("passed", "failed", "skipped")}
-    for name, outcome in combined.items():
-        if outcome != "passed":
-            print(f"  {outcome:7s} {name.split('::')[-1]}")
-    print(f"{suite} at {ranks} ranks: {counts['passed']} of {len(combined)} passed, "
-          f"{counts['failed']} failed, {counts['skipped']} skipped")
-    return 0 if counts["failed"] == 0 else 1
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[1] != "score":
-        sys.exit("usage: python -m horovod_conformance score RESULTS_DIR SUITE RANKS")
-    sys.exit(score(sys.argv[2], sys.argv[3], int(sys.argv[4])))
