@@ -85,7 +85,7 @@ class _DistributedOptimizer:
             if not self._sparse_as_dense:
                 if self._staleness:
                     raise ValueError(f"staleness=1 needs dense gradients; {name!r} is sparse (sparse_as_dense=True)")
-                return _SparseAllreduce(parameter.grad, name, self._op, self._process_set,
+                return tensors.SparseAllreduce(parameter.grad, name, self._op, self._process_set,
                                         lambda combined: setattr(parameter, "grad", combined))
             parameter.grad = parameter.grad.to_dense()
         target = parameter.grad
@@ -94,7 +94,7 @@ class _DistributedOptimizer:
                                                    self._engine_compression, self._process_set)
         compressed, ctx = compressors.compress(self._compression, target, name)
         if getattr(self._compression, "gathers", False) and compressed.is_sparse:  # top-k; its vectors are dense
-            return _SparseAllreduce(compressed, name, self._op, self._process_set,
+            return tensors.SparseAllreduce(compressed, name, self._op, self._process_set,
                                     lambda combined: target.copy_(self._compression.decompress(combined, ctx)))
         handle = tensors.engine_allreduce_async(compressed, self._op, name, self._prescale, self._postscale,
                                                 process_set=self._process_set)
@@ -361,33 +361,6 @@ def _parameter_names(param_groups, named_parameters):
                          f"(positions {missing[:10]} in its param_groups); pass model.named_parameters() "
                          "for the model the optimizer was built on")
     return {p: by_parameter[p] for p in parameters}
-
-
-class _SparseAllreduce:
-    """A sparse tensor combined over ranks by gathering every rank's indices and values (Horovod's
-    way for sparse gradients, and top-k's); wait() hands the combined sparse tensor to `finish`
-    (Average divides the values by the size)."""
-
-    def __init__(self, sparse, name, op, process_set, finish):
-        if op not in (core.Sum, core.Average):
-            raise ValueError(f"a sparse gradient ({name!r}) can be summed or averaged, not reduced with {op!r}")
-        sparse = sparse.coalesce()
-        self._finish, self._average, self._shape = finish, op == core.Average, sparse.shape
-        self._size = process_set.size()
-        self._indices = tensors.allgather_async(sparse.indices().t().contiguous(), f"{name}.indices", process_set)
-        self._values = tensors.allgather_async(sparse.values().contiguous(), f"{name}.values", process_set)
-
-    def done(self):
-        return self._indices.done() and self._values.done()
-
-    def wait(self):
-        values = self._values.wait()
-        if self._average:
-            values = values / self._size
-        combined = torch.sparse_coo_tensor(self._indices.wait().t(), values, self._shape,
-                                           check_invariants=False).coalesce()
-        self._finish(combined)
-        return combined
 
 
 def _stand_in(kind, parameter):

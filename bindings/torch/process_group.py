@@ -199,9 +199,19 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts or dist.AllreduceOptions(), "all_reduce")
+        if any(t.is_sparse for t in tensor_list):
+            return self._sparse_allreduce(tensor_list, op, opts)
         handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=op,
                                                   process_set=self.process_set)
         return self._submit(handle, opts, lambda _: tensor_list)
+
+    def _sparse_allreduce(self, tensor_list: list[torch.Tensor], op: core.ReduceOp, opts: Any) -> dist.Work:
+        """As gloo: each sparse tensor becomes the coalesced sum of every rank's (SUM only)."""
+        if op != core.Sum or not all(t.is_sparse for t in tensor_list):
+            raise ValueError("all_reduce of sparse tensors: every tensor sparse, and the op SUM (as gloo)")
+        handles = [tensors.SparseAllreduce(t, self._name("sparse_allreduce"), op, self.process_set, t.copy_)
+                   for t in tensor_list]
+        return self._work(lambda: [h.wait(self._seconds) for h in handles], opts)
 
     def allreduce_coalesced(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         return self.allreduce(tensor_list, opts or dist.AllreduceCoalescedOptions())

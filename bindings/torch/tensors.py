@@ -6,7 +6,7 @@ The plain out-of-place collectives are differentiable (autograd.py); the async a
 forms are not, as in Horovod.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ringreduce as core
 import torch
@@ -128,6 +128,34 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                             process_set: ProcessSet = global_process_set) -> Handle:
     handle = core.grouped_allgather_async(tensors=[as_array(t) for t in tensors], name=name, process_set=process_set)
     return Handle(handle, _each_out_of_place(tensors))
+
+
+class SparseAllreduce:
+    """A sparse COO tensor combined over ranks by gathering every rank's indices and values
+    (Horovod's way for sparse gradients, top-k's, and gloo's sparse all_reduce); wait() hands the
+    combined, coalesced sparse tensor to `finish` (Average divides the values by the size)."""
+
+    def __init__(self, sparse: torch.Tensor, name: str, op: ReduceOp, process_set: ProcessSet,
+                 finish: Callable[[torch.Tensor], object]) -> None:
+        if op not in (core.Sum, core.Average):
+            raise ValueError(f"a sparse gradient ({name!r}) can be summed or averaged, not reduced with {op!r}")
+        sparse = sparse.coalesce()
+        self._finish, self._average, self._shape = finish, op == core.Average, sparse.shape
+        self._size = process_set.size()
+        self._indices = allgather_async(sparse.indices().t().contiguous(), f"{name}.indices", process_set)
+        self._values = allgather_async(sparse.values().contiguous(), f"{name}.values", process_set)
+
+    def done(self):
+        return self._indices.done() and self._values.done()
+
+    def wait(self, timeout: float | None = None):
+        values = self._values.wait(timeout)
+        if self._average:
+            values = values / self._size
+        combined = torch.sparse_coo_tensor(self._indices.wait(timeout).t(), values, self._shape,
+                                           check_invariants=False).coalesce()
+        self._finish(combined)
+        return combined
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,

@@ -3,12 +3,12 @@
 The suite is `DistributedTest._DistTestBase` of torch/testing/_internal/distributed/distributed_test.py,
 which the torch wheel ships; torch runs it on gloo with a fresh set of processes per test. Here
 every rank of one rrun job runs the same tests in the same order on one `ringreduce` process group,
-in gloo's place: the suite is told its backend is gloo (BACKEND), so it picks gloo's tests and
-expects gloo's results and errors, while the default group every test uses is ringreduce's. The
-few tests that make gloo groups of their own, or check the backend's name, are skipped with the
-reason (NOT_RINGREDUCE_S).
+in the place of gloo, or of torch's MPI backend (RINGREDUCE_TORCH_SUITE_AS=gloo or mpi): the suite
+is told that is its backend (BACKEND), so it picks that backend's tests and expects its results
+and errors, while the default group every test uses is ringreduce's. The few tests that make gloo
+groups of their own, or check the backend's name, are skipped with the reason (NOT_RINGREDUCE_S).
 
-    rrun -np 3 python -m pytest -p torch_distributed_conformance tests/conformance/shim/torch_distributed_suite.py
+    rrun -np 3 python -m pytest -p conformance_results tests/conformance/shim/torch_distributed_suite.py
 """
 
 import os
@@ -16,19 +16,21 @@ import tempfile
 import unittest
 from datetime import timedelta
 
-os.environ["BACKEND"] = "gloo"  # what the suite chooses its tests and expectations by
+# What the suite chooses its tests and expectations by.
+os.environ["BACKEND"] = os.environ.get("RINGREDUCE_TORCH_SUITE_AS", "gloo")
 
-import ringreduce.torch  # noqa: E402  (registers the backend)
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal import common_distributed  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
 from torch.testing._internal.distributed import distributed_test  # noqa: E402
 
+import ringreduce.torch  # noqa: E402  (registers the backend)
+
 BACKEND = ringreduce.torch.process_group.BACKEND
 
 # The suite's tests that would not test ringreduce's backend, and why.
 NOT_RINGREDUCE_S = {
-    "test_get_backend": "it checks that the default group's backend is named gloo",
+    "test_get_backend": "it checks the default group's backend by name",
     "test_monitored_barrier_gloo": "monitored_barrier runs on a gloo group the test makes",
     "test_monitored_barrier_gloo_subgroup": "monitored_barrier runs on a gloo group the test makes",
     "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier runs on a gloo group the test makes",

@@ -52,6 +52,9 @@ def expected_calls(rank, size):
         **({"mesh.data": np.array([2.0 * (rank % 2) + 2]), "mesh.model": np.array([4.0 * (rank // 2) + 1])}
            if size == 4 else {}),
         "horovod_style": np.full(2, float(sum(range(size)))),
+        **({"recv_any": np.array([[r, r, r] for r in range(1, size)], dtype=np.float32)} if rank == 0 else {}),
+        "all_gather_coalesced": np.concatenate([np.concatenate([b[:2], b]) for b in bases]),
+        "sparse_all_reduce": np.array([*range(1, size + 1), size], dtype=np.float32),
         "batch_isend_irecv": np.full(2, float((rank - 1) % size)),
         "isend_irecv": np.array([2.0 * ((rank + 1) % size)]),
     }

@@ -69,6 +69,20 @@ def calls(rank, size):
         else:
             dist.recv(message, src=peer)
         got["send_recv"] = message
+    if rank == 0:  # from any rank: torch asks the work who sent
+        senders = []
+        for _ in range(size - 1):
+            message = torch.zeros(2)
+            senders.append([dist.recv(message), *message.tolist()])
+        got["recv_any"] = torch.tensor(sorted(senders))
+    else:
+        dist.send(torch.full((2,), float(rank)), dst=0)
+    per_rank = [[torch.zeros(2), torch.zeros(2, 3)] for _ in range(size)]
+    dist.all_gather_coalesced(per_rank, [mine[:2], mine.reshape(2, 3)])
+    got["all_gather_coalesced"] = torch.cat([t.reshape(-1) for outputs in per_rank for t in outputs])
+    sparse = torch.sparse_coo_tensor([[rank, size]], [rank + 1.0, 1.0], (size + 1,))
+    dist.all_reduce(sparse)
+    got["sparse_all_reduce"] = sparse.to_dense()
     left, right = (rank - 1) % size, (rank + 1) % size
     arrived = torch.zeros(2)
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), float(rank)), right),
