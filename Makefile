@@ -8,7 +8,7 @@ STAMP := .make/installed-$(shell $(PYTHON) -c 'import sys; print(sys.prefix.repl
 # tests also run every job under Open MPI's launcher dialect.
 OPENMPI_ENV := .make/openmpi-env
 
-.PHONY: install demo test examples lint bench soak cluster gpu-wheels conformance
+.PHONY: install demo test examples lint bench soak cluster gpu-wheels conformance torch-conformance
 
 install: $(STAMP)
 
@@ -91,6 +91,15 @@ conformance: install
 	@test -n "$(HOROVOD)" || { echo "usage: make conformance HOROVOD=/path/to/horovod [NP=2]"; exit 2; }
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check mock cloudpickle packaging parameterized
 	PYTHON=$(PYTHON) tests/conformance/horovod.sh $(HOROVOD) $(NP)
+
+# torch's own torch.distributed suite (in the torch wheel) against the ringreduce backend, standing in
+# for gloo at 3 and at 8 ranks (its group tests need 8), and for torch's MPI backend; its helpers
+# need expecttest.
+torch-conformance: install
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check expecttest
+	PYTHON=$(PYTHON) tests/conformance/torch_distributed.sh 3
+	PYTHON=$(PYTHON) tests/conformance/torch_distributed.sh 8
+	AS=mpi PYTHON=$(PYTHON) tests/conformance/torch_distributed.sh 3
 
 # ruff, and the direction of imports (tests/unit/test_layers.py states it as a contract that fails).
 # mypy reads the package as it is installed: the core with the bindings inside it, as links
