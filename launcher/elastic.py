@@ -9,6 +9,7 @@ After a failure the failed host is set aside (for the cool-down, or for good wit
 next generation starts on what is left, if that is at least --min-np slots."""
 
 import dataclasses
+import os
 import shlex
 import socket
 import subprocess
@@ -19,7 +20,7 @@ import uuid
 
 import click
 
-from ringreduce.launcher import hosts, link, protocol, rank
+from ringreduce.launcher import hosts, link, protocol, rank, torchrun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor, report_how
 
@@ -140,10 +141,12 @@ class ElasticRun:
             generation += 1
 
     def _generation_job(self, generation, placement, link_server):
-        """The JobSpec of one generation on `placement`."""
+        """The JobSpec of one generation on `placement`, with torchrun's rendezvous on its first
+        host (a new port each generation)."""
         size = sum(count for _, count in placement)
         env = {**self.job.env, protocol.GENERATION_VARIABLE: str(generation),
-               protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement])}
+               protocol.JOB_VARIABLE: self.job_id, **link_server.env([host for host, _ in placement]),
+               **torchrun.rendezvous(placement, os.environ)}
         if self.settings.commit_dir:
             env[protocol.COMMIT_DIR_VARIABLE] = self.settings.commit_dir
         rank_command = rank.wrapped(size, self.command)

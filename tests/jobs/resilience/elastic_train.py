@@ -29,6 +29,7 @@ import torch
 import ringreduce.torch as rr
 
 BATCH = 4
+TORCHRUN = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # as rrun sets them for each generation
 
 
 def data():
@@ -113,7 +114,9 @@ def main():
         if rr.rank() == 0:
             print("RESUMED " + json.dumps({"generation": generation, "size": rr.size(), "step": state.step,
                                            "epoch": state.epoch, "processed": sampler.processed,
-                                           "resets": resets, "time": time.time()}), flush=True)
+                                           "resets": resets, "time": time.time(),
+                                           "torchrun": {name: os.environ.get(name) for name in TORCHRUN}}),
+                  flush=True)
         if rr.rank() != 1:
             reported()
         for epoch in range(state.epoch, args.epochs):

@@ -23,6 +23,10 @@ def test_a_job_grows_at_its_next_commit_when_discovery_reports_more_slots(tmp_pa
     assert [(r["generation"], r["size"]) for r in resumed] == [(0, 2), (1, 3)]
     assert resumed[1]["step"] % 3 == 0 and resumed[1]["step"] > 4  # at the first commit after the notice
     assert resumed[1]["resets"] == [3]  # the reset callbacks ran, at the new size
+    rendezvous = [r["torchrun"] for r in resumed]  # torchrun's variables, new for each generation
+    assert [(t["RANK"], t["WORLD_SIZE"], t["MASTER_ADDR"]) for t in rendezvous] == [
+        ("0", "2", "127.0.0.1"), ("0", "3", "127.0.0.1")]
+    assert all(0 < int(t["MASTER_PORT"]) < 65536 for t in rendezvous)
     assert "rrun: discovery: 3 usable slots for 2 ranks; the ranks resize at their next commit" in job.stderr
     assert "rrun: generation 1: 3 ranks on localhost:3" in job.stderr
     assert not os.path.exists(f"/dev/shm/ringreduce-commits-{job_id(job)}")  # removed at the end
