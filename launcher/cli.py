@@ -4,6 +4,7 @@
 """
 
 import dataclasses
+import fnmatch
 import functools
 import os
 import re
@@ -29,6 +30,9 @@ from ringreduce.planning.explain import explain as explain_profile
 FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "I_MPI_", "PMIX_MCA_",
                       "PSM2_", "HCOLL_")
 RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
+# Names that look like secrets (matched without case): a forwarded family's variable so named stays
+# here unless -x names it. `*_KEY` is an API key's suffix; fabric settings such as NCCL_IB_PKEY pass.
+SECRET_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY", "*_KEY_*", "*APIKEY*")
 
 def _flag_type(knob):
     if knob.kind == "choice":
@@ -102,7 +106,11 @@ def _knob_name(flag):
 @click.option("--mpiexec", "mpiexec_name", envvar="RRUN_MPIEXEC", metavar="PATH",
               help="mpiexec to use [default: from PATH, or RRUN_MPIEXEC].")
 @click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
-              help="Set or forward an environment variable on every rank (repeatable).")
+              help="Set or forward an environment variable on every rank (repeatable). Values travel in "
+                   "mpiexec's environment, never on a command line.")
+@click.option("--secret-names", default=",".join(SECRET_PATTERNS), show_default=True, metavar="GLOB,...",
+              help="Variables of the forwarded families (RINGREDUCE_, NCCL_, UCX_, ...) that are not forwarded "
+                   "unless named with -x: names matching one of these patterns ('' forwards them all).")
 @click.option("--verbose", is_flag=True, help="Print the mpiexec command before running it, and mpiexec's own "
               "cleanup banners after a rank failed (hidden once rrun has named the rank).")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
@@ -148,8 +156,8 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
-         mpiexec_name, env_items, verbose, dry_run, check_build, calibrate, explain, skip_host_check, grace_seconds,
-         restarts, min_np, max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
+         mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain, skip_host_check,
+         grace_seconds, restarts, min_np, max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
          blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
@@ -172,22 +180,24 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
     mpiexec = dialects.find_mpiexec(mpiexec_name)
     dialect = dialects.dialect_of(mpiexec)
-    env = {**fabric_environment(network_interface, net_device), **environment(env_items, os.environ, knobs)}
+    env = {**fabric_environment(network_interface, net_device),
+           **environment(env_items, os.environ, knobs, secret_names.split(","))}
     if report_bindings:
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
+    env[protocol.SECRET_VARIABLE] = protocol.new_secret()  # the link's and the commits' (docs/security.md)
     if settings is None:  # an elastic job's hosts change with each generation
         env.update(torchrun.rendezvous(placement, os.environ))
     job = _job_spec(num_proc, placement, command, env, network_interface, bind_to, map_by, mpi_args)
     if settings is not None:  # each generation's placement comes from the discovery script
         in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)
-        argv_of = functools.partial(dialect.command, mpiexec)
-        sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place).run())
+        launch_of = functools.partial(dialects.launch, dialect, mpiexec)
+        sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place).run())
     # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
     from_slurm = placement is not None and not (host_list or hostfile)
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
-    sys.exit(_run_with_restarts(job, functools.partial(dialect.command, mpiexec), restarts, heartbeat_seconds,
-                                verbose, dry_run, grace_seconds))
+    sys.exit(_run_with_restarts(job, functools.partial(dialects.launch, dialect, mpiexec), restarts,
+                                heartbeat_seconds, verbose, dry_run, grace_seconds))
 
 
 def _command(command, calibrate):
@@ -217,20 +227,21 @@ def _job_spec(num_proc, placement, command, env, network_interface, bind_to, map
     )
 
 
-def _run_with_restarts(job, argv_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds):
+def _run_with_restarts(job, launch_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds):
     """Run the job (again after a failure, up to `restarts` times), with rrun's heartbeat link
     where asked; the exit status of its last run."""
-    heartbeat = link.LinkServer(heartbeat_seconds) if heartbeat_seconds and not dry_run else None
+    heartbeat = (link.LinkServer(heartbeat_seconds, job.env[protocol.SECRET_VARIABLE])
+                 if heartbeat_seconds and not dry_run else None)
     try:
         for attempt in range(restarts + 1):
             env = {**job.env, RESTART_VARIABLE: str(attempt),
                    **(heartbeat.env([host for host, _ in job.placement or []]) if heartbeat else {})}
-            argv = argv_of(dataclasses.replace(job, env=env))
+            launch = launch_of(dataclasses.replace(job, env=env))
             if verbose or dry_run:
-                click.echo(shlex.join(masked(argv)), err=not dry_run)
+                click.echo(shown(launch), err=not dry_run)
             if dry_run:
                 return 0
-            supervisor = Supervisor(argv, verbose, grace_seconds)
+            supervisor = Supervisor(launch, verbose, grace_seconds)
             if heartbeat:
                 heartbeat.watch(supervisor)
             status = supervisor.run()
@@ -284,24 +295,15 @@ def resolve_ranks(num_proc, host_list, hostfile, environ):
     return num_proc, hosts.place(given, num_proc)
 
 
-SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET")
+def shown(launch):
+    """The launch as printed (--dry-run, --verbose), as a shell would run it: the variables that
+    mpiexec's environment adds, the values of secret-looking ones hidden, then its command line."""
+    variables = [f"{name}={'HIDDEN' if looks_secret(name) else value}" for name, value in launch.variables.items()]
+    return shlex.join([*variables, *launch.argv])
 
 
-def masked(argv):
-    """The command line as printed: the values of variables whose names look like secrets hidden
-    (NAME=VALUE arguments, and Hydra's `-genv NAME VALUE`)."""
-    shown = list(argv)
-    for index, word in enumerate(shown):
-        name, has_value, _ = word.partition("=")
-        if has_value and _secret(name):
-            shown[index] = f"{name}=HIDDEN"
-        elif word in ("-genv", "-env") and index + 2 < len(shown) and _secret(shown[index + 1]):
-            shown[index + 2] = "HIDDEN"
-    return shown
-
-
-def _secret(name):
-    return any(secret in name.upper() for secret in SECRET_WORDS)
+def looks_secret(name, patterns=SECRET_PATTERNS):
+    return any(fnmatch.fnmatchcase(name.upper(), p.strip().upper()) for p in patterns if p.strip())
 
 
 def fabric_environment(network_interface, net_device):
@@ -318,10 +320,12 @@ def fabric_environment(network_interface, net_device):
     return env
 
 
-def environment(env_items, environ, knobs=None):
-    """The variables every rank gets: the forwarded families from here (no secret-looking name,
-    never CUDA_VISIBLE_DEVICES), then rrun's flags, then -x NAME[=VALUE] items (the later win)."""
-    env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES) and not _secret(k)}
+def environment(env_items, environ, knobs=None, secret_patterns=SECRET_PATTERNS):
+    """The variables every rank gets: the forwarded families from here (no name matching
+    `secret_patterns`, never CUDA_VISIBLE_DEVICES), then rrun's flags, then -x NAME[=VALUE] items
+    (the later win)."""
+    env = {k: v for k, v in environ.items()
+           if k.startswith(FORWARDED_PREFIXES) and not looks_secret(k, secret_patterns)}
     for knob in FLAG_KNOBS:
         value = (knobs or {}).get(_knob_name(knob.flag))
         if value is not None:

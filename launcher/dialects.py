@@ -1,7 +1,8 @@
 """What each MPI's mpiexec calls the same things: hosts, environment, network interface, binding.
 
 The dialect is read off `mpiexec --version`. Each builds an argument list (never a shell
-string) from one JobSpec.
+string) from one JobSpec, and the variables the ranks get: mpiexec's command line names them,
+their values travel in mpiexec's own environment (a command line is anyone's to read in `ps`).
 """
 
 import dataclasses
@@ -43,6 +44,17 @@ def carried(job):
     return {name: os.environ[name] for name in CARRIED_VARIABLES if name in os.environ}
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How to start a job: mpiexec's command line, and what its environment adds to rrun's."""
+    argv: list
+    variables: dict
+
+
+def launch(dialect, mpiexec: str, job: JobSpec) -> Launch:
+    return Launch(dialect.command(mpiexec, job), dialect.variables(job))
+
+
 def _passes(job, *options):
     """Has the user given one of these options in --mpi-args? (Then rrun does not give it too.)"""
     return any(word.split("=", 1)[0] in options for word in job.mpi_args)
@@ -74,9 +86,13 @@ class OpenMPI:
             # ringreduce's shared windows come from osc/sm; osc/ucx, where UCX offers no RMA
             # transport (TCP-only hosts, containers), prints a spurious error on every rank.
             args += ["--mca", "osc", "^ucx"]
-        for name, value in {**carried(job), **job.env}.items():  # Open MPI carries nothing by itself
-            args += ["-x", f"{name}={value}"]
+        for name in self.variables(job):  # Open MPI carries nothing by itself; -x NAME takes mpiexec's value
+            args += ["-x", name]
         return args + job.mpi_args + job.rank_command
+
+    @staticmethod
+    def variables(job):
+        return {**carried(job), **job.env}
 
     @staticmethod
     def _sets_osc(job):
@@ -102,14 +118,15 @@ class MPICH:
 
     @classmethod
     def _common(cls, job):
+        """Hydra gives ranks on this host all of mpiexec's environment, and ranks on other hosts
+        only what -genvlist names (by default it would give them all of it too)."""
         args = ["-iface", job.network_interface] if job.network_interface else []
-        env = {**cls._pinning(job), **job.env}
-        if job.placement:  # Hydra would give other hosts all of rrun's environment
-            args.append("-genvnone")
-            env = {**carried(job), **env}
-        for name, value in env.items():
-            args += ["-genv", name, value]
-        return args
+        names = list(cls.variables(job))
+        return args + (["-genvlist", ",".join(names)] if names else [])
+
+    @classmethod
+    def variables(cls, job):
+        return {**(carried(job) if job.placement else {}), **cls._pinning(job), **job.env}
 
     @staticmethod
     def _pinning(job):

@@ -102,12 +102,12 @@ class SetAside:
 
 
 class ElasticRun:
-    def __init__(self, settings, num_proc, job, command, verbose, grace_seconds, argv_of, in_place=False):
+    def __init__(self, settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place=False):
         """`job`: a dialects.JobSpec that each generation's size and hosts complete; `command`: the
-        user's; `argv_of(job)`: the mpiexec command line of a JobSpec. `in_place`: the MPI can
+        user's; `launch_of(job)`: how mpiexec starts a JobSpec (dialects.Launch). `in_place`: the MPI can
         shrink a job (ULFM), so the survivors of a failure go on in their processes."""
         self.settings, self.first_size, self.job, self.command = settings, num_proc, job, command
-        self.verbose, self.grace_seconds, self.argv_of = verbose, grace_seconds, argv_of
+        self.verbose, self.grace_seconds, self.launch_of = verbose, grace_seconds, launch_of
         self.set_aside = SetAside(settings.cooldown_range)
         self.job_id = uuid.uuid4().hex[:12]
         self.in_place = in_place
@@ -119,7 +119,7 @@ class ElasticRun:
         where = self.settings.commit_dir or protocol.DEFAULT_COMMIT_DIR.format(job=self.job_id)
         _say(f"elastic job {self.job_id}: each host keeps its commits in {where}"
              + ("; the MPI shrinks jobs (ULFM): the survivors of a failure go on in place" if self.in_place else ""))
-        link_server = link.LinkServer(self.settings.heartbeat_seconds)
+        link_server = link.LinkServer(self.settings.heartbeat_seconds, self.job.env[protocol.SECRET_VARIABLE])
         try:
             return self._generations(link_server)
         finally:
@@ -163,7 +163,7 @@ class ElasticRun:
         """(exit status, its Supervisor, what the ranks said over the link) of one generation."""
         started = len(link_server.messages)
         survivors = _Survivors(self, placement, link_server) if self.in_place else None
-        supervisor = Supervisor(self.argv_of(job), self.verbose, self.grace_seconds, survivors)
+        supervisor = Supervisor(self.launch_of(job), self.verbose, self.grace_seconds, survivors)
         link_server.watch(supervisor)
         link_server.on_gone = supervisor.take_report if survivors is not None else None
         watcher = _HostWatcher(self, placement, link_server)

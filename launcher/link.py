@@ -2,19 +2,30 @@
 to at init. It beats to every rank, passes on notices (hosts-updated), records what the ranks say
 (which host each runs on, the commit a generation resumed from), and reports a rank that has been
 silent for the heartbeat timeout: its host froze or its link was cut, which neither TCP nor MPI
-says in time."""
+says in time.
 
+Anyone who can reach the port can connect, so a connection counts only once it has proved it
+knows the job's secret: its first line, a hello signed for the nonce rrun sent it, within
+AUTH_SECONDS. Until then it is a stranger: not a rank, never silent, never heard; any line that
+is unsigned, too long or not a rank's message drops that connection and nothing else."""
+
+import secrets
 import selectors
 import socket
+import sys
 import threading
 import time
 
 from ringreduce.launcher import protocol
 
+AUTH_SECONDS = 5.0  # a connection that has not said a signed hello by then is dropped
+MAX_STRANGERS = 64  # connections not yet proved; beyond, the oldest is dropped for a new one
+MAX_PEERS = 65536
+
 
 class LinkServer:
-    def __init__(self, timeout):
-        self.timeout = timeout
+    def __init__(self, timeout: float, secret: str) -> None:
+        self.timeout, self._secret = timeout, secret
         self.supervisor = None  # the Supervisor of the job running now, which a silent rank ends
         self.on_gone = None  # where ranks run without rrun's wrapper: told of a rank that left without a word
         self._listener = socket.create_server(("", 0))
@@ -60,12 +71,13 @@ class LinkServer:
     def _to_connected(self, message):
         """Queue `message` for every connected rank (the lock held)."""
         for peer in self._peers.values():
-            peer.outgoing += message
+            if peer.proved:
+                peer.outgoing += message
 
     def ranks(self):
         """{rank: host} of the ranks connected now."""
         with self._lock:
-            return {p.rank: p.host for p in self._peers.values() if p.rank is not None}
+            return {p.rank: p.host for p in self._peers.values() if p.proved}
 
     def close(self):
         self._closed.set()
@@ -97,10 +109,20 @@ class LinkServer:
             connection, _ = self._listener.accept()
         except BlockingIOError:
             return
+        except OSError as error:  # out of descriptors, say: the server goes on, the backlog waits
+            sys.stderr.write(f"rrun: the link cannot accept a connection now ({error})\n")
+            time.sleep(0.1)
+            return
         connection.setblocking(False)
-        peer = _Peer(connection)
+        peer = _Peer(connection, secrets.token_hex(16))
+        peer.outgoing = protocol.link_message("challenge", nonce=peer.nonce)
         with self._lock:
-            peer.outgoing = self._announced
+            strangers = [p for p in self._peers.values() if not p.proved]
+            if len(strangers) >= MAX_STRANGERS:
+                self._drop(min(strangers, key=lambda p: p.connected))
+            if len(self._peers) >= MAX_PEERS:
+                connection.close()
+                return
             self._peers[connection] = peer
         self._selector.register(connection, selectors.EVENT_READ, peer)
 
@@ -115,22 +137,34 @@ class LinkServer:
             self._left(peer)
             return
         with self._lock:
-            peer.heard = time.monotonic()
             *lines, peer.received = (peer.received + data).split(b"\n")
-            for line in lines:
-                message = protocol.parse_link_message(line)
-                if message["kind"] == "hello":
-                    peer.rank, peer.host = message["rank"], message["host"]
-                elif message["kind"] != "beat":
-                    self.messages.append((time.time(), peer.rank, message))
-                    peer.said_goodbye |= message["kind"] in ("done", "resizing")
+            try:
+                if len(peer.received) > protocol.MAX_LINE_BYTES:
+                    raise ValueError("a line longer than a rank's")
+                for line in lines:
+                    self._heard(peer, protocol.checked_rank_message(self._secret, peer.nonce, line))
+            except ValueError:
+                self._drop(peer)  # a stranger's (or a broken) connection: it alone goes
+
+    def _heard(self, peer, message):
+        """A signed message from `peer` (the lock held): its first must be its hello."""
+        if not peer.proved and message["kind"] != "hello":
+            raise ValueError("a message before the hello")
+        peer.heard = time.monotonic()
+        if message["kind"] == "hello":
+            if not peer.proved:
+                peer.outgoing += self._announced
+            peer.proved, peer.rank, peer.host = True, message["rank"], message["host"]
+        elif message["kind"] != "beat":
+            self.messages.append((time.time(), peer.rank, message))
+            peer.said_goodbye |= message["kind"] in ("done", "resizing")
 
     def _left(self, peer):
         """A rank's connection closed: its process ended (its exit status tells rrun the rest, from
         rrun's wrapper; where ranks run without it, one that said no goodbye failed)."""
         with self._lock:
             self._drop(peer)
-        if self.on_gone is not None and not peer.said_goodbye and peer.rank is not None:
+        if self.on_gone is not None and not peer.said_goodbye and peer.proved:
             self.on_gone({"rank": peer.rank, "host": peer.host, "code": None, "time": time.time(), "stopped_by": None,
                           "last_error": None})
 
@@ -150,13 +184,14 @@ class LinkServer:
 
     def _check_silence(self, now):
         with self._lock:
-            silent = [p for p in self._peers.values() if now - p.heard > self.timeout]
+            for stranger in [p for p in self._peers.values() if not p.proved and now - p.connected > AUTH_SECONDS]:
+                self._drop(stranger)
+            silent = [p for p in self._peers.values() if p.proved and now - p.heard > self.timeout]
             if not silent or self._silent_reported or self.supervisor is None:
                 return
             self._silent_reported = True
             first = min(silent, key=lambda p: p.heard)
-        who = "a rank that never said which" if first.rank is None else f"rank {first.rank} (on {first.host})"
-        self.supervisor.end(f"{who} sent no heartbeat for {now - first.heard:.1f} s "
+        self.supervisor.end(f"rank {first.rank} (on {first.host}) sent no heartbeat for {now - first.heard:.1f} s "
                             f"(--heartbeat-seconds {self.timeout:g}): its host is cut off or frozen", first.host)
 
     def _drop(self, peer):
@@ -169,10 +204,11 @@ class LinkServer:
 
 
 class _Peer:
-    def __init__(self, connection):
-        self.socket = connection
+    def __init__(self, connection, nonce):
+        self.socket, self.nonce = connection, nonce
+        self.proved = False  # it said a hello signed with the job's secret
         self.rank = self.host = None
-        self.heard = time.monotonic()
+        self.connected = self.heard = time.monotonic()
         self.received = b""
         self.outgoing = b""
         self.said_goodbye = False

@@ -2,6 +2,7 @@
 or rrun is interrupted, leaving no process behind, and saying which rank failed first (after
 which mpiexec's own cleanup banners are not shown, unless asked for with --verbose)."""
 
+import os
 import re
 import signal
 import subprocess
@@ -11,17 +12,19 @@ import threading
 import psutil
 
 from ringreduce.launcher.banners import BannerFilter
-from ringreduce.launcher.protocol import parse_status
+from ringreduce.launcher.protocol import SECRET_VARIABLE, parse_status
 
 GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.1
 
 
 class Supervisor:
-    def __init__(self, argv, verbose=False, grace_seconds=GRACE_SECONDS, on_failure=None):
-        """`on_failure(report)`, where given, is asked about each rank that fails: true when the job
+    def __init__(self, launch, verbose=False, grace_seconds=GRACE_SECONDS, on_failure=None):
+        """`launch`: mpiexec's command line and what its environment adds (dialects.Launch).
+        `on_failure(report)`, where given, is asked about each rank that fails: true when the job
         goes on without it (its survivors shrink in place), so it is not ended."""
-        self.argv = argv
+        self.argv, self.variables = launch.argv, launch.variables
+        self._secret = launch.variables.get(SECRET_VARIABLE)  # what signs the ranks' status lines
         self.on_failure = on_failure
         self.verbose = verbose
         self.grace_seconds = grace_seconds
@@ -36,7 +39,8 @@ class Supervisor:
     def run(self):
         """Run the job to its end; return rrun's exit status."""
         self.process = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            self.argv, env={**os.environ, **self.variables}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches rrun alone; rrun ends the job
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -105,8 +109,8 @@ class Supervisor:
     def _relay(self, source, sink):
         banners = self._banners[sink] = BannerFilter()
         for line in iter(source.readline, b""):
-            line = _untagged(line)
-            report = parse_status(line)
+            line = _untagged(line, self._secret)
+            report = parse_status(line, self._secret)
             if report is not None:
                 self.take_report(report)
                 continue
@@ -186,14 +190,14 @@ class Supervisor:
 _OPEN_MPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>: ?")
 
 
-def _untagged(line):
+def _untagged(line, secret):
     """A line of a rank that Open MPI tagged itself (`[1,3]<stdout>: text`, where the ranks run without
     rrun's wrapper) in rrun's form, `[3]<stdout>:text`; a status line without its tag."""
     match = _OPEN_MPI_TAG.match(line)
     if match is None:
         return line
     text = line[match.end():]
-    return text if parse_status(text) is not None else b"[%s]<%s>:%s" % (match[1], match[2], text)
+    return text if parse_status(text, secret) is not None else b"[%s]<%s>:%s" % (match[1], match[2], text)
 
 
 def _write(sink, lines):

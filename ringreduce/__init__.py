@@ -25,6 +25,7 @@ from ringreduce.errors import (  # noqa: F401
     PeerExitedError,
     RingReduceError,
     StallError,
+    UnsafeFileError,
     UnsupportedDtypeError,
 )
 from ringreduce.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 _EAGER = (
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum", "CorruptCheckpointError", "DeadlockError",
     "GpuError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError", "NotInitializedError",
-    "PeerExitedError", "RingReduceError", "StallError", "UnsupportedDtypeError",
+    "PeerExitedError", "RingReduceError", "StallError", "UnsafeFileError", "UnsupportedDtypeError",
 )
 # module -> the public names it defines that take no arrays.
 _LAZY_WITHOUT_ARRAYS = {

@@ -10,19 +10,25 @@ whole checkpoint or does not exist; it keeps the newest `keep` files. Each file 
 header (a magic line, the payload's length and its SHA-256), so a truncated or corrupted file is
 recognised on load, skipped with a warning, and the next older one is used. `load_latest` reads
 on rank 0 and broadcasts, so every rank resumes from the same state.
+
+Unpickling runs code, so what is read must be this user's own: `load_latest` refuses a directory
+or file that another user owns or can write, and an elastic job's commits carry an HMAC under the
+job's secret instead of a bare SHA-256 (`key`), checked before anything is unpickled.
 """
 
 import hashlib
+import hmac
 import os
 import pickle
 import re
+import stat
 import struct
 import sys
 import tempfile
 import typing
 
 from ringreduce import runtime
-from ringreduce.errors import CorruptCheckpointError
+from ringreduce.errors import CorruptCheckpointError, UnsafeFileError
 from ringreduce.objects import allgather_object, broadcast_object
 
 MAGIC = b"ringreduce checkpoint 1\n"
@@ -68,13 +74,14 @@ def write(state, target):
     write_pickled(pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL), target)
 
 
-def write_pickled(payload, target):
-    """A state already pickled into `target`, whole or not at all, durably."""
+def write_pickled(payload, target, key: bytes | None = None):
+    """A state already pickled into `target` (a file only this user can read), whole or not at
+    all, durably; with `key`, its digest is the payload's HMAC under it."""
     directory = os.path.dirname(target)
     descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint-", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as f:
-            f.write(MAGIC + _HEADER.pack(len(payload), hashlib.sha256(payload).digest()))
+            f.write(MAGIC + _HEADER.pack(len(payload), _digest(payload, key)))
             f.write(payload)  # apart: joining them would copy the whole payload once more
             f.flush()
             os.fsync(f.fileno())
@@ -88,16 +95,60 @@ def write_pickled(payload, target):
 
 def load_latest(directory: str | os.PathLike, root_rank: int = 0) -> tuple[int | None, typing.Any]:
     """(step, state) of the newest intact checkpoint in `directory`, read on `root_rank` and
-    broadcast to every rank; (None, None) when there is none. Call it on every rank."""
-    found = (None, None)
+    broadcast to every rank; (None, None) when there is none. Call it on every rank. A directory
+    or checkpoint that another user owns or can write is refused on every rank (UnsafeFileError):
+    loading it would run their code."""
+    found, refused = (None, None), None
     if runtime.active().topology.rank == root_rank:
-        for step, path in _checkpoints(directory):
-            try:
-                found = (step, read(path))
-                break
-            except CorruptCheckpointError as problem:
-                print(f"ringreduce: skipping checkpoint {path}: {problem}", file=sys.stderr, flush=True)
-    return broadcast_object(found, root_rank=root_rank, name=f"checkpoint.load.{directory}")
+        try:
+            if os.path.isdir(directory):
+                only_mine(directory)
+            for step, path in _checkpoints(directory):
+                try:
+                    only_mine(path)
+                    found = (step, read(path))
+                    break
+                except CorruptCheckpointError as problem:
+                    print(f"ringreduce: skipping checkpoint {path}: {problem}", file=sys.stderr, flush=True)
+        except UnsafeFileError as error:
+            refused = str(error)
+    found, refused = broadcast_object((found, refused), root_rank=root_rank, name=f"checkpoint.load.{directory}")
+    if refused is not None:
+        raise UnsafeFileError(f"rank {root_rank}: {refused}")
+    return found
+
+
+def only_mine(path: str | os.PathLike) -> None:
+    """Raise UnsafeFileError unless `path` (not followed if a link) is this user's and no one else
+    can write it."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeFileError(f"{path} is a symbolic link; give the real path")
+    if info.st_uid != os.getuid():
+        raise UnsafeFileError(f"{path} belongs to user {info.st_uid}, not to this user ({os.getuid()}): "
+                              "its checkpoints could run that user's code here")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeFileError(f"{path} can be written by other users (mode {stat.S_IMODE(info.st_mode):o}), "
+                              f"who could plant a checkpoint that runs their code here: chmod go-w {path}")
+
+
+def private_directory(path: str | os.PathLike) -> None:
+    """Make `path` a directory only this user can enter (0700), or check that it is one: a real
+    directory, this user's, with no group or other bits (UnsafeFileError naming what is wrong)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFileError(f"{path} exists and is not a directory (a link or a file someone put there); "
+                              "remove it, or choose another with --commit-dir")
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise UnsafeFileError(f"{path} is not private to this user (owner {info.st_uid}, mode "
+                              f"{stat.S_IMODE(info.st_mode):o}; needed: owner {os.getuid()}, mode 700): another "
+                              "user could plant a commit that runs their code in every rank")
 
 
 def load_rank_state(directory: str | os.PathLike, step: int) -> typing.Any:
@@ -122,8 +173,9 @@ def load_rank_state(directory: str | os.PathLike, step: int) -> typing.Any:
     return mine
 
 
-def read(path):
-    """The state in one checkpoint file; CorruptCheckpointError if it is not whole."""
+def read(path, key: bytes | None = None):
+    """The state in one checkpoint file; CorruptCheckpointError if it is not whole (or, with
+    `key`, not written with it), found before anything is unpickled."""
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(MAGIC):
@@ -135,9 +187,14 @@ def read(path):
     payload = data[header_end:]
     if len(payload) != length:
         raise CorruptCheckpointError(f"truncated: {len(payload)} of {length} bytes")
-    if hashlib.sha256(payload).digest() != digest:
-        raise CorruptCheckpointError("its contents do not match their checksum")
+    if not hmac.compare_digest(_digest(payload, key), digest):
+        raise CorruptCheckpointError("not signed with this job's secret" if key is not None
+                                     else "its contents do not match their checksum")
     return pickle.loads(payload)
+
+
+def _digest(payload, key):
+    return hashlib.sha256(payload).digest() if key is None else hmac.new(key, payload, hashlib.sha256).digest()
 
 
 def _checkpoints(directory, pattern=_NAME):

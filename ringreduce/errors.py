@@ -65,6 +65,11 @@ class CorruptCheckpointError(RingReduceError):
     """A checkpoint file is not whole (truncated, or its contents do not match their checksum)."""
 
 
+class UnsafeFileError(RingReduceError):
+    """A checkpoint or commit, or its directory, that another user owns or can write: reading it
+    would run their code."""
+
+
 def ranks_text(ranks):
     """'rank 3' or 'ranks 0, 2': how every message names the ranks involved."""
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

@@ -8,7 +8,11 @@ every rank). A commit is confirmed when every host has written it; only then are
 deleted, so until then the previous one is still there everywhere. A generation resumes from the
 newest whole commit any rank holds: it is the newest state of the training that anyone kept
 (a commit some host missed is sent to it over MPI). Outside an elastic job under rrun, commits stay
-in memory only, unless RINGREDUCE_COMMIT_DIR names a directory."""
+in memory only, unless RINGREDUCE_COMMIT_DIR names a directory.
+
+The directory must be private to this user (made 0700, refused otherwise: checkpoint.private_directory),
+and each commit carries an HMAC under the job's secret from rrun, checked before it is unpickled:
+a commit the job did not write is skipped and reported, never loaded."""
 
 import os
 import pickle
@@ -16,7 +20,7 @@ import re
 import sys
 
 from ringreduce import checkpoint, runtime
-from ringreduce.errors import CorruptCheckpointError, RingReduceError
+from ringreduce.errors import CorruptCheckpointError, RingReduceError, UnsafeFileError
 from ringreduce.launcher import protocol
 from ringreduce.objects import allgather_object, broadcast_object
 
@@ -39,17 +43,21 @@ def default_directory(environ=os.environ):
 
 
 class CommitStore:
-    def __init__(self, directory=None):
-        self.directory = directory or default_directory()
-        self.given = directory is not None or protocol.COMMIT_DIR_VARIABLE in os.environ
+    def __init__(self, directory=None, environ=os.environ):
+        self.directory = directory or default_directory(environ)
+        self.given = directory is not None or protocol.COMMIT_DIR_VARIABLE in environ
+        secret = environ.get(protocol.SECRET_VARIABLE)
+        self._key = bytes.fromhex(secret) if secret else None
 
     def _writer(self):
         return self.directory is not None and runtime.active().topology.local_rank == 0
 
     def keys(self):
-        """The whole commits on this host, newest first."""
-        if self.directory is None or not os.path.isdir(self.directory):
+        """The whole commits on this host, newest first (UnsafeFileError where the directory is
+        not private to this user)."""
+        if self.directory is None or not os.path.lexists(self.directory):
             return []
+        checkpoint.private_directory(self.directory)
         return sorted(((int(m[1]), int(m[2])) for name in os.listdir(self.directory) if (m := _NAME.match(name))),
                       reverse=True)
 
@@ -62,8 +70,10 @@ class CommitStore:
         if not self._writer():
             return None
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            checkpoint.write_pickled(payload, self.path(key))
+            checkpoint.private_directory(self.directory)
+            checkpoint.write_pickled(payload, self.path(key), self._key)
+        except UnsafeFileError as error:
+            return str(error)
         except OSError as error:
             return f"{self.path(key)}: {error.strerror or error}"
         return None
@@ -106,7 +116,7 @@ class CommitStore:
         warning), or (None, None)."""
         for key in self.keys():
             try:
-                return key, checkpoint.read(self.path(key))
+                return key, checkpoint.read(self.path(key), self._key)
             except CorruptCheckpointError as problem:
                 print(f"ringreduce: skipping commit {self.path(key)}: {problem}", file=sys.stderr, flush=True)
         return None, None

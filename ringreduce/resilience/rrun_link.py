@@ -19,16 +19,25 @@ LOST_EXIT_CODE = 75  # ended for lost contact with rrun (EX_TEMPFAIL)
 
 
 class Link:
-    def __init__(self, address, timeout, rank):
+    def __init__(self, address, timeout, rank, secret):
+        """Connect, take rrun's challenge and say a hello signed for it with the job's `secret`."""
         self.timeout = timeout
         self.rank = rank
         self.hosts_updated = threading.Event()
         host, _, port = address.rpartition(":")
         self._socket = socket.create_connection((host, int(port)), timeout=timeout)
-        self._socket.sendall(protocol.link_message("hello", rank=rank, host=socket.gethostname(), pid=os.getpid()))
-        self._socket.setblocking(False)
+        challenge = b""
+        while b"\n" not in challenge:
+            data = self._socket.recv(4096)
+            if not data:
+                raise OSError("rrun closed the link before its challenge")
+            challenge += data
+        first, _, self._received = challenge.partition(b"\n")
+        self._secret, self._nonce = secret, protocol.parse_link_message(first)["nonce"]
         self._lock = threading.Lock()
         self._pending = b""
+        self.send("hello", rank=rank, host=socket.gethostname(), pid=os.getpid())
+        self._socket.setblocking(False)
         threading.Thread(target=self._run, name="ringreduce-rrun-link", daemon=True).start()
 
     def rejoin(self, rank):
@@ -40,7 +49,7 @@ class Link:
         """Send a message to rrun now, as far as the socket takes it; the link's thread writes the
         rest within a beat."""
         with self._lock:
-            self._pending += protocol.link_message(kind, **fields)
+            self._pending += protocol.signed_link_message(self._secret, self._nonce, kind, **fields)
         self.flush(seconds=0)
 
     def flush(self, seconds=2.0):
@@ -61,7 +70,7 @@ class Link:
 
     def _run(self):
         interval = protocol.beat_interval(self.timeout)
-        heard, beaten, received = time.monotonic(), 0.0, b""
+        heard, beaten, received = time.monotonic(), 0.0, self._received
         with selectors.DefaultSelector() as selector:
             selector.register(self._socket, selectors.EVENT_READ)
             while True:
@@ -107,8 +116,12 @@ def connect(rank, environ=os.environ):
     address = environ.get(protocol.LINK_VARIABLE)
     if address and _link is None:
         timeout = float(environ.get(protocol.HEARTBEAT_VARIABLE, protocol.DEFAULT_HEARTBEAT_SECONDS))
+        secret = environ.get(protocol.SECRET_VARIABLE)
+        if not secret:
+            raise RingReduceError(f"rank {rank}: rrun gave a link ({protocol.LINK_VARIABLE}) but not the job's secret "
+                                  f"({protocol.SECRET_VARIABLE}): start the job with this ringreduce's rrun")
         try:
-            _link = Link(address, timeout, rank)
+            _link = Link(address, timeout, rank, secret)
         except OSError as error:
             raise RingReduceError(f"rank {rank} cannot reach rrun at {address} ({error}): a firewall between this "
                                   "host and rrun's, or rrun advertised an address this host cannot route to "

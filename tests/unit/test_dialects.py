@@ -1,8 +1,11 @@
-"""The mpiexec command line each dialect builds for each rrun option (no MPI is started)."""
+"""The mpiexec command line each dialect builds for each rrun option, and the variables that
+travel in mpiexec's environment instead (no MPI is started)."""
+
+import os
 
 import pytest
 
-from ringreduce.launcher.dialects import CARRIED_VARIABLES, MPICH, IntelMPI, JobSpec, OpenMPI, detect
+from ringreduce.launcher.dialects import CARRIED_VARIABLES, MPICH, IntelMPI, JobSpec, OpenMPI, detect, launch
 
 RANK = ["python", "-m", "ringreduce.launcher.rank", "4", "--", "python", "train.py"]
 
@@ -27,7 +30,7 @@ def test_unknown_mpi_is_not_guessed():
 
 def test_open_mpi_local_run():
     assert OpenMPI().command("mpiexec", job()) == [
-        "mpiexec", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--mca", "osc", "^ucx", *_carried(), *RANK]
+        "mpiexec", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--mca", "osc", "^ucx", *_carried("-x"), *RANK]
 
 
 def test_open_mpi_oversubscribes_only_past_the_local_cores():
@@ -45,7 +48,7 @@ def test_open_mpi_as_root_hosts_interface_env_and_extra_args():
     assert argv[argv.index("-H") + 1] == "a:2,b:2"
     assert _pairs(argv, "--mca") == [("btl_tcp_if_include", "ib0"), ("oob_tcp_if_include", "ib0"),
                                      ("osc", "^ucx"), ("pml", "ucx")]
-    assert ["-x", "RINGREDUCE_ALGORITHM=mpi"] in _windows(argv) and ["-x", "FOO=bar baz"] in _windows(argv)
+    assert ["-x", "RINGREDUCE_ALGORITHM"] in _windows(argv) and ["-x", "FOO"] in _windows(argv)
     assert argv[-len(RANK) - 3:] == ["--mca", "pml", "ucx", *RANK]
 
 
@@ -58,8 +61,8 @@ def test_mpich_command():
     argv = MPICH().command("/opt/mpich/bin/mpiexec", job(
         placement=[("a", 3), ("b", 1)], network_interface="eth1", env={"FOO": "1"}, mpi_args=["-ppn", "3"]))
     # Across hosts Hydra passes on only what rrun names: the carried variables, then the job's.
-    assert argv == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "a:3,b:1", "-iface", "eth1", "-genvnone",
-                    *_carried("-genv"), "-genv", "FOO", "1", "-ppn", "3", *RANK]
+    assert argv == ["/opt/mpich/bin/mpiexec", "-n", "4", "-hosts", "a:3,b:1", "-iface", "eth1", "-genvlist",
+                    ",".join([*_carried(), "FOO"]), "-ppn", "3", *RANK]
 
 
 def test_mpich_local_run_is_minimal():
@@ -69,22 +72,35 @@ def test_mpich_local_run_is_minimal():
 def test_intel_mpi_puts_each_host_in_its_own_section():
     argv = IntelMPI().command("mpiexec", job(placement=[("a", 3), ("b", 1)], env={"FOO": "1"}))
     # Intel MPI pins by default; rrun's default binding is none under every MPI.
-    assert argv == ["mpiexec", "-genvnone", *_carried("-genv"), "-genv", "I_MPI_PIN", "0", "-genv", "FOO", "1",
+    assert argv == ["mpiexec", "-genvlist", ",".join([*_carried(), "I_MPI_PIN", "FOO"]),
                     "-n", "3", "-host", "a", *RANK, ":", "-n", "1", "-host", "b", *RANK]
 
 
-@pytest.mark.parametrize("dialect, bind_to, map_by, expected", [
-    (OpenMPI(), "core", "socket", ["--bind-to", "core", "--map-by", "package"]),
-    (OpenMPI(), "numa", "node", ["--bind-to", "numa", "--map-by", "node"]),
-    (MPICH(), "core", "socket", ["-bind-to", "core", "-map-by", "socket"]),
-    (MPICH(), "none", "slot", []),
-    (IntelMPI(), "core", "socket", ["-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "core",
-                                    "-genv", "I_MPI_PIN_ORDER", "scatter"]),
-    (IntelMPI(), "numa", "node", ["-rr", "-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", "numa"]),
+@pytest.mark.parametrize("dialect, bind_to, map_by, expected, variables", [
+    (OpenMPI(), "core", "socket", ["--bind-to", "core", "--map-by", "package"], {}),
+    (OpenMPI(), "numa", "node", ["--bind-to", "numa", "--map-by", "node"], {}),
+    (MPICH(), "core", "socket", ["-bind-to", "core", "-map-by", "socket"], {}),
+    (MPICH(), "none", "slot", [], {}),
+    (IntelMPI(), "core", "socket", ["-genvlist", "I_MPI_PIN,I_MPI_PIN_DOMAIN,I_MPI_PIN_ORDER"],
+     {"I_MPI_PIN": "1", "I_MPI_PIN_DOMAIN": "core", "I_MPI_PIN_ORDER": "scatter"}),
+    (IntelMPI(), "numa", "node", ["-rr", "-genvlist", "I_MPI_PIN,I_MPI_PIN_DOMAIN"],
+     {"I_MPI_PIN": "1", "I_MPI_PIN_DOMAIN": "numa"}),
 ])
-def test_binding_and_mapping_mean_the_same_under_every_mpi(dialect, bind_to, map_by, expected):
-    argv = dialect.command("mpiexec", job(bind_to=bind_to, map_by=map_by))
-    assert argv[3:3 + len(expected)] == expected, argv
+def test_binding_and_mapping_mean_the_same_under_every_mpi(dialect, bind_to, map_by, expected, variables):
+    started = launch(dialect, "mpiexec", job(bind_to=bind_to, map_by=map_by))
+    assert started.argv[3:3 + len(expected)] == expected, started.argv
+    assert {k: v for k, v in started.variables.items() if k not in CARRIED_VARIABLES} == variables
+
+
+@pytest.mark.parametrize("dialect", [OpenMPI(), MPICH(), IntelMPI()], ids=["openmpi", "mpich", "intel"])
+@pytest.mark.parametrize("placement", [None, [("a", 2), ("b", 2)]], ids=["one-host", "two-hosts"])
+def test_values_never_sit_on_mpiexec_s_command_line(dialect, placement):
+    """`rrun -x WANDB_API_KEY=...` and the job's own secret: their values were in mpiexec's argv
+    (anyone's to read in /proc/PID/cmdline); now they travel in its environment."""
+    values = {"WANDB_API_KEY": "wandb-0123456789", "RINGREDUCE_JOB_SECRET": "f00d" * 16, "HF_TOKEN": "hf_abc"}
+    started = launch(dialect, "mpiexec", job(placement=placement, env=values))
+    assert not [word for word in started.argv if any(value in word for value in values.values())]
+    assert {name: started.variables[name] for name in values} == values
 
 
 def test_binding_given_in_mpi_args_is_not_given_twice():
@@ -93,11 +109,10 @@ def test_binding_given_in_mpi_args_is_not_given_twice():
     assert MPICH().command("mpiexec", job(bind_to="core", mpi_args=["-bind-to", "socket"])).count("-bind-to") == 1
 
 
-def _carried(flag="-x"):
-    import os
-
-    return [w for name in CARRIED_VARIABLES if name in os.environ
-            for w in ((flag, f"{name}={os.environ[name]}") if flag == "-x" else (flag, name, os.environ[name]))]
+def _carried(flag=None):
+    """The carried variables' names, each after `flag` where given (Open MPI's -x NAME)."""
+    names = [name for name in CARRIED_VARIABLES if name in os.environ]
+    return [w for name in names for w in (flag, name)] if flag else names
 
 
 def _windows(argv):

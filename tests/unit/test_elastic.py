@@ -80,8 +80,12 @@ class TestLogic:
         assert elastic.placement_host(None, ["localhost"]) is None
 
 
+SECRET = protocol.new_secret()
+
+
 def _kinds_heard(address, seconds=1.5):
-    """The kinds of the notices a rank connecting to rrun's link at `address` hears in `seconds`."""
+    """The kinds of the notices a rank connecting to rrun's link at `address` (and saying its
+    signed hello) hears in `seconds`."""
     host, port = address.rsplit(":", 1)
     heard, received = [], b""
     with socket.create_connection((host, int(port)), timeout=seconds) as connection:
@@ -92,15 +96,19 @@ def _kinds_heard(address, seconds=1.5):
             except TimeoutError:
                 break
             *lines, received = received.split(b"\n")
-            heard += [json.loads(line)["kind"] for line in lines]
-    return [kind for kind in heard if kind != "beat"]
+            for message in map(json.loads, lines):
+                if message["kind"] == "challenge":
+                    connection.sendall(protocol.signed_link_message(SECRET, message["nonce"], "hello", rank=0,
+                                                                    host="localhost", pid=1))
+                heard.append(message["kind"])
+    return [kind for kind in heard if kind not in ("beat", "challenge")]
 
 
 def test_a_rank_that_connects_after_the_hosts_changed_is_told_too():
     """Discovery may find the hosts changed before a generation's ranks have connected to rrun's link
     (still importing their framework): an announced notice reaches them when they connect; one for
     the ranks connected at the time does not; a new generation starts without the last one's."""
-    server = link.LinkServer(timeout=30)
+    server = link.LinkServer(timeout=30, secret=SECRET)
     try:
         address = server.env(["localhost"])[protocol.LINK_VARIABLE]
         server.watch(None)

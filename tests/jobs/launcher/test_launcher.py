@@ -98,19 +98,18 @@ def test_dry_run_prints_the_mpiexec_command(tmp_path):
                   sys.executable, str(script), "--epochs", "2")
     assert result.returncode == 0, result.stderr
     words = result.stdout.split()
-    assert os.path.basename(words[0]) == "mpiexec"
+    mpiexec = next(i for i, word in enumerate(words) if "=" not in word)  # the variables come first
+    assert os.path.basename(words[mpiexec]) == "mpiexec" and "FOO=bar" in words[:mpiexec]
     text = result.stdout
-    assert " -n 3 " in text and " -iface lo " in text and " -genv FOO bar " in text
+    assert " -n 3 " in text and " -iface lo " in text
     assert text.strip().endswith(f"-verbose {sys.executable} -m ringreduce.launcher.rank 3 -- "
                                  f"{sys.executable} {script} --epochs 2")
 
 
 @pytest.mark.parametrize("flags, variables", [
-    (("--algorithm", "shm", "--no-hierarchical-allreduce"),
-     " -genv RINGREDUCE_ALGORITHM shm -genv RINGREDUCE_HIERARCHICAL 0 "),
-    (("--hierarchical-allreduce", "--cycle-time-ms", "2.5"),
-     " -genv RINGREDUCE_HIERARCHICAL 1 -genv RINGREDUCE_CYCLE_TIME 2.5 "),
-    (("--gpu-transport", "staged"), " -genv RINGREDUCE_GPU_TRANSPORT staged "),
+    (("--algorithm", "shm", "--no-hierarchical-allreduce"), "RINGREDUCE_ALGORITHM=shm RINGREDUCE_HIERARCHICAL=0 "),
+    (("--hierarchical-allreduce", "--cycle-time-ms", "2.5"), "RINGREDUCE_HIERARCHICAL=1 RINGREDUCE_CYCLE_TIME=2.5 "),
+    (("--gpu-transport", "staged"), "RINGREDUCE_GPU_TRANSPORT=staged "),
 ])
 def test_knob_flags_set_their_variables(tmp_path, flags, variables):
     script = tmp_path / "train.py"
@@ -128,8 +127,23 @@ def test_verbose_hides_the_values_of_secret_looking_variables(tmp_path):
                   "-x", "DATA_DIR=/data", sys.executable, str(script))
     assert result.returncode == 0, result.stderr
     assert "abc123" not in result.stdout and "xyz789" not in result.stdout
-    assert " -genv WANDB_API_KEY HIDDEN " in result.stdout and " -genv HF_TOKEN HIDDEN " in result.stdout
-    assert " -genv DATA_DIR /data " in result.stdout
+    words = result.stdout.split()
+    assert {"WANDB_API_KEY=HIDDEN", "HF_TOKEN=HIDDEN", "RINGREDUCE_JOB_SECRET=HIDDEN", "DATA_DIR=/data"} <= set(words)
+    assert "-genvlist" in words  # mpiexec's command line names them only
+
+
+def test_a_secret_given_with_x_is_in_no_command_line_but_the_ranks_have_it(tmp_path):
+    """While the job runs, no process of it shows the value in its command line (ps reads them)."""
+    marker = f"rr-secret-{os.getpid()}"
+    script = tmp_path / "show.py"
+    script.write_text("import os, time, psutil\n"
+                      "time.sleep(1.0)\n"  # every rank has started: look at the job's processes
+                      "leaks = [p.pid for p in psutil.process_iter(['cmdline'])\n"
+                      f"         if '{marker}' in ' '.join(p.info['cmdline'] or [])]\n"
+                      "print('SEEN', os.environ['WANDB_API_KEY'], 'LEAKS', leaks, flush=True)\n")
+    result = rrun("-np", "2", "-x", "WANDB_API_KEY", sys.executable, str(script), env={"WANDB_API_KEY": marker})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(f"SEEN {marker} LEAKS []") == 2, result.stdout
 
 
 def test_help_says_how_gpus_are_assigned_to_ranks():
@@ -216,9 +230,14 @@ def test_a_signal_to_rrun_ends_every_rank(signum, mpi_python):
 def test_forwarded_families_fabric_options_and_no_secrets():
     environ = {"NCCL_DEBUG": "INFO", "UCX_TLS": "rc,sm", "FI_PROVIDER": "verbs", "OMPI_MCA_pml": "ucx",
                "MPIR_CVAR_CH4_NETMOD": "ofi", "I_MPI_DEBUG": "5", "PMIX_MCA_gds": "hash", "RINGREDUCE_CYCLE_TIME": "2",
-               "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SECRET_TOKEN": "x", "HOME": "/root"}
+               "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SECRET_TOKEN": "x", "HOME": "/root",
+               "NCCL_IB_PKEY": "0x8001", "UCX_IB_PKEY": "0x8001", "RINGREDUCE_S3_ACCESS_KEY": "k"}
     env = environment((), environ)
-    assert env == {k: v for k, v in environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NCCL_SECRET_TOKEN", "HOME")}
+    # Partitioned InfiniBand's keys are fabric settings, not secrets: they pass.
+    assert env == {k: v for k, v in environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NCCL_SECRET_TOKEN", "HOME",
+                                                                 "RINGREDUCE_S3_ACCESS_KEY")}
+    assert environment((), environ, secret_patterns=[""])["NCCL_SECRET_TOKEN"] == "x"  # --secret-names ''
+    assert "RINGREDUCE_S3_ACCESS_KEY" in environment((), environ, secret_patterns=["*TOKEN*"])
     assert fabric_environment("ib0", "mlx5_0:1,mlx5_1:1") == {
         "NCCL_SOCKET_IFNAME": "ib0", "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
     assert one_line_error(rrun("-np", "2", "--net-device", "ib0", sys.executable, "-c", "pass")).startswith(
@@ -309,3 +328,30 @@ def test_an_elastic_job_without_enough_slots_gives_up_after_the_elastic_timeout(
     assert result.stderr.strip().splitlines()[-1] == (
         "Error: waited 1 s (--elastic-timeout) for the 2 slots of --min-np; the hosts usable have 1")
 
+
+
+def test_a_job_attacked_on_its_link_port_runs_to_its_end():
+    """Garbage, forged and unsigned messages, a 10 MB line and a hundred silent connections on
+    rrun's link while two ranks allreduce (tests/jobs/launcher/link_attack.py): before, the first
+    bad line killed the link's thread (and every rank with it, for lost contact), and a silent
+    connection ended the job as a rank that stopped beating."""
+    job = run_job(2, "launcher/link_attack.py", rrun_args=("--heartbeat-seconds", "2"), timeout=90)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.stdout.count("OK after") == 2
+
+
+def test_a_rank_printing_rrun_s_status_prefix_is_ordinary_output(tmp_path):
+    """Such a line, not JSON, killed rrun's relay thread: mpiexec then blocked writing to the pipe
+    no one drained, and the job hung. One with rrun's JSON but not its signature faked a report."""
+    script = tmp_path / "forge.py"
+    script.write_text("import sys\n"
+                      "print('@rrun-status this is not json', flush=True)\n"
+                      "sys.stderr.write('@rrun-status {\"rank\": 1, \"host\": \"x\", \"code\": 9, \"time\": 0, '\n"
+                      "                 '\"stopped_by\": null, \"last_error\": \"forged\", \"left\": null}\\n')\n"
+                      "for i in range(20000):\n"  # more than a pipe holds: rrun must keep draining it
+                      "    print('line', i)\n")
+    result = rrun("-np", "2", sys.executable, str(script), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("<stdout>:@rrun-status this is not json") == 2
+    assert result.stderr.count('<stderr>:@rrun-status {"rank": 1') == 2  # output, not a report of rank 1
+    assert result.stdout.count("line 19999") == 2
