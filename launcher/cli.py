@@ -30,6 +30,7 @@ from ringreduce.planning.explain import explain as explain_profile
 FORWARDED_PREFIXES = ("RINGREDUCE_", "NCCL_", "UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "I_MPI_", "PMIX_MCA_",
                       "PSM2_", "HCOLL_")
 RESTART_VARIABLE = "RINGREDUCE_RESTART_COUNT"  # 0 on the first run, then 1, 2, ... after --restarts
+DEFAULT_RESET_LIMIT = 100
 # Names that look like secrets (matched without case): a forwarded family's variable so named stays
 # here unless -x names it. `*_KEY` is an API key's suffix; fabric settings such as NCCL_IB_PKEY pass.
 SECRET_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY", "*_KEY_*", "*APIKEY*")
@@ -140,8 +141,9 @@ def _knob_name(flag):
               help="Elastic: the slots of a host the discovery script prints without a count.")
 @click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Elastic: how long to wait for --min-np slots before giving up.")
-@click.option("--reset-limit", type=click.IntRange(min=0),
-              help="Elastic: give up after this many failures [default: no limit].")
+@click.option("--reset-limit", type=click.IntRange(min=0), default=DEFAULT_RESET_LIMIT, show_default=True,
+              help="Elastic: give up after this many failures (a failure no host is blamed for would "
+                   "otherwise start the job again for ever).")
 @click.option("--blacklist-cooldown-range", type=(click.FloatRange(min=0), click.FloatRange(min=0)), default=None,
               metavar="MIN MAX", help="Elastic: a failed host comes back after MIN seconds, doubled with each "
               "further failure up to MAX [default: never].")
@@ -230,12 +232,13 @@ def _job_spec(num_proc, placement, command, env, network_interface, bind_to, map
 def _run_with_restarts(job, launch_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds):
     """Run the job (again after a failure, up to `restarts` times), with rrun's heartbeat link
     where asked; the exit status of its last run."""
-    heartbeat = (link.LinkServer(heartbeat_seconds, job.env[protocol.SECRET_VARIABLE])
+    placed_on = [host for host, _ in job.placement or []]
+    heartbeat = (link.LinkServer(heartbeat_seconds, job.env[protocol.SECRET_VARIABLE], placed_on)
                  if heartbeat_seconds and not dry_run else None)
     try:
         for attempt in range(restarts + 1):
             env = {**job.env, RESTART_VARIABLE: str(attempt),
-                   **(heartbeat.env([host for host, _ in job.placement or []]) if heartbeat else {})}
+                   **(heartbeat.env(placed_on) if heartbeat else {})}
             launch = launch_of(dataclasses.replace(job, env=env))
             if verbose or dry_run:
                 click.echo(shown(launch), err=not dry_run)

@@ -209,7 +209,14 @@ class ElasticRun:
         deadline = time.monotonic() + self.settings.elastic_timeout
         said = None
         while True:
-            usable = self.set_aside.usable(discover(self.settings.discovery_script, self.settings.slots_per_host))
+            try:
+                usable = self.set_aside.usable(discover(self.settings.discovery_script, self.settings.slots_per_host))
+            except LaunchError as error:  # as the watcher does: the script may work the next time
+                if time.monotonic() > deadline:
+                    raise
+                _say(f"{error}; trying again")
+                time.sleep(DISCOVERY_INTERVAL)
+                continue
             slots = sum(h.slots for h in usable)
             if slots >= self.settings.min_np:
                 size = min([slots] + [n for n in (self.settings.max_np, wanted) if n is not None])

@@ -24,11 +24,13 @@ MAX_PEERS = 65536
 
 
 class LinkServer:
-    def __init__(self, timeout: float, secret: str) -> None:
+    def __init__(self, timeout: float, secret: str, hosts: list[str] | None = None) -> None:
+        """Listening on the address the ranks on `hosts` are given (loopback where all are this
+        host), or on every interface where the hosts are not known yet (an elastic job's)."""
         self.timeout, self._secret = timeout, secret
         self.supervisor = None  # the Supervisor of the job running now, which a silent rank ends
         self.on_gone = None  # where ranks run without rrun's wrapper: told of a rank that left without a word
-        self._listener = socket.create_server(("", 0))
+        self._listener = socket.create_server((advertised_host(hosts) if hosts is not None else "", 0))
         self._listener.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)

@@ -16,6 +16,11 @@ import time
 
 WORLD_SIZE_VARIABLE = "RRUN_WORLD_SIZE"
 STATUS_PREFIX = b"@rrun-status "
+# rrun's per-rank wrapper reads the rank's output a line at a time, a longer one in pieces of this
+# size (each then shown as a line), and rrun reads them with room for the wrapper's tag: no output
+# holds either more memory than this.
+MAX_OUTPUT_LINE = 1 << 20
+MAX_TAGGED_LINE = MAX_OUTPUT_LINE + 256
 
 
 def under_rrun():

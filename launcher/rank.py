@@ -15,7 +15,13 @@ import subprocess
 import sys
 import threading
 
-from ringreduce.launcher.protocol import SECRET_VARIABLE, WORLD_SIZE_VARIABLE, parse_status, status_line
+from ringreduce.launcher.protocol import (
+    MAX_OUTPUT_LINE,
+    SECRET_VARIABLE,
+    WORLD_SIZE_VARIABLE,
+    parse_status,
+    status_line,
+)
 from ringreduce.launcher.torchrun import rank_environment
 from ringreduce.machine.cores import usable_cores
 
@@ -105,7 +111,7 @@ def _ranges(numbers):
 def _relay(source, sink, prefix, last_line):
     """Copy lines from the child to our stream with the rank in front, remembering the last."""
     prefix = prefix.encode()
-    for line in iter(source.readline, b""):
+    for line in iter(lambda: source.readline(MAX_OUTPUT_LINE), b""):
         if parse_status(line, os.environ.get(SECRET_VARIABLE)) is not None:  # the rank's report, for rrun: as is
             sink.write(line)
             sink.flush()

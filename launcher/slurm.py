@@ -6,6 +6,10 @@ import re
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.hosts import Host
 
+# More nodes or tasks than any cluster has: what the environment says beyond is refused before it
+# is expanded in memory (`node[0-999999999]`, `1(x1000000000)`).
+MAX_EXPANDED = 100_000
+
 
 def allocation(environ):
     """The allocation's hosts and slots, or None outside Slurm."""
@@ -27,7 +31,7 @@ def expand_nodelist(text):
         raise LaunchError(f"cannot read the Slurm node list {text!r}: its brackets do not pair up")
     names = []
     for item in _split_top_level(text):
-        names.extend(_expand(item, text))
+        names.extend(_expand(item, text, MAX_EXPANDED - len(names)))
     return names
 
 
@@ -38,7 +42,10 @@ def expand_tasks_per_node(text):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
         if not match:
             raise LaunchError(f"cannot read SLURM_TASKS_PER_NODE {text!r}: {item!r} is not N or N(xM)")
-        counts.extend([int(match[1])] * int(match[2] or 1))
+        repeats = int(match[2] or 1)
+        if len(counts) + repeats > MAX_EXPANDED:
+            raise LaunchError(f"SLURM_TASKS_PER_NODE {text[:80]!r} gives more than {MAX_EXPANDED} nodes")
+        counts.extend([int(match[1])] * repeats)
     return counts
 
 
@@ -53,7 +60,8 @@ def _split_top_level(text):
     return [item for item in items if item]
 
 
-def _expand(item, text):
+def _expand(item, text, room):
+    """The names `item` stands for, at most `room` of them (a LaunchError beyond)."""
     match = re.search(r"\[([^\]]*)\]", item)
     if not match:
         return [item]
@@ -64,6 +72,8 @@ def _expand(item, text):
         if not re.fullmatch(r"\d+", low) or not re.fullmatch(r"\d*", high):
             raise LaunchError(f"cannot read the Slurm node list {text!r}: {part!r} is not a number or a range N-M")
         width = len(low)
+        if int(high or low) - int(low) + 1 > room - len(names):
+            raise LaunchError(f"the Slurm node list {text[:80]!r} names more than {MAX_EXPANDED} nodes")
         for number in range(int(low), int(high or low) + 1):
-            names.extend(_expand(f"{head}{number:0{width}d}{tail}", text))
+            names.extend(_expand(f"{head}{number:0{width}d}{tail}", text, room - len(names)))
     return names

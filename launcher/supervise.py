@@ -12,7 +12,7 @@ import threading
 import psutil
 
 from ringreduce.launcher.banners import BannerFilter
-from ringreduce.launcher.protocol import SECRET_VARIABLE, parse_status
+from ringreduce.launcher.protocol import MAX_TAGGED_LINE, SECRET_VARIABLE, parse_status
 
 GRACE_SECONDS = 3.0
 POLL_SECONDS = 0.1
@@ -108,7 +108,7 @@ class Supervisor:
 
     def _relay(self, source, sink):
         banners = self._banners[sink] = BannerFilter()
-        for line in iter(source.readline, b""):
+        for line in iter(lambda: source.readline(MAX_TAGGED_LINE), b""):
             line = _untagged(line, self._secret)
             report = parse_status(line, self._secret)
             if report is not None:

@@ -7,6 +7,7 @@ The engine thread and the callers' plain calls in program order both write: one 
 """
 
 import json
+import os
 import threading
 import time
 
@@ -15,7 +16,15 @@ class Timeline:
     recording = True
 
     def __init__(self, path, rank, mark_cycles=True):
-        self._file = open(path, "w")  # noqa: SIM115 - held open for the job's life
+        # Not through a link: in a shared folder such as /tmp, another user's link at this name would
+        # have the job overwrite whatever it points to.
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            raise OSError(error.errno, f"the timeline {path}: {error.strerror}"
+                          + (" (it is a symbolic link, which the timeline does not follow)"
+                             if os.path.islink(path) else "")) from None
+        self._file = os.fdopen(descriptor, "w")
         self._mark_cycles = mark_cycles
         self._rank = rank
         self._start = time.perf_counter()

@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import pathlib
+import tempfile
 
 from ringreduce.algorithms import cost
 from ringreduce.machine import cores
@@ -30,7 +31,18 @@ def load(path=None):
 
 
 def save(profile, path=None):
+    """Write the profile whole or not at all (a job starting meanwhile reads the old one or the
+    new, never half of one): to a temporary file beside it, renamed into place."""
     path = pathlib.Path(path) if path else default_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profile.to_json())
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w") as f:
+            f.write(profile.to_json())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
     return path

@@ -45,6 +45,19 @@ class TestLogic:
         with pytest.raises(LaunchError, match="exited with status 2: broken"):
             elastic.discover(str(failing), None)
 
+    def test_a_discovery_script_that_fails_once_is_tried_again(self, tmp_path, monkeypatch, capsys):
+        """Its first failure ended the job, although the watcher tried later ones again."""
+        counter = tmp_path / "runs"
+        script = tmp_path / "flaky.sh"
+        script.write_text(f"#!/bin/sh\necho x >> {counter}\n"
+                          f"[ $(wc -l < {counter}) -ge 2 ] || {{ echo not yet >&2; exit 1; }}\necho localhost:2\n")
+        script.chmod(0o755)
+        monkeypatch.setattr(elastic, "DISCOVERY_INTERVAL", 0.01)
+        run = elastic.ElasticRun(elastic.Settings(min_np=2, max_np=None, discovery_script=str(script),
+                                                  elastic_timeout=5), 2, None, [], False, 0, None)
+        assert run._placement(2) == [("localhost", 2)]
+        assert "exited with status 1: not yet; trying again" in capsys.readouterr().err
+
     def test_the_sampler_gives_the_rest_of_the_epoch_once_after_a_resize(self, monkeypatch):
         from ringreduce import runtime
         from ringreduce.torch.elastic import ElasticSampler

@@ -170,3 +170,13 @@ def test_the_signature_covers_the_connection_s_nonce():
         protocol.checked_rank_message(SECRET, "nonce-b", line)
     with pytest.raises(ValueError, match="signature"):
         protocol.checked_rank_message(protocol.new_secret(), "nonce-a", line)
+
+
+def test_the_link_listens_on_the_address_it_gives_the_ranks():
+    """Ranks all on this host are given loopback: the port is not open to the network."""
+    local = link.LinkServer(timeout=1.0, secret=SECRET, hosts=["localhost"])
+    try:
+        assert local._listener.getsockname()[0] == "127.0.0.1"
+        assert local.env(["localhost"])[protocol.LINK_VARIABLE].startswith("127.0.0.1:")
+    finally:
+        local.close()

@@ -87,3 +87,30 @@ def test_checkpoints_others_can_write_are_refused(tmp_path):
     link.symlink_to(checkpoint.path_for(directory, 1))
     with pytest.raises(UnsafeFileError, match="symbolic link"):
         checkpoint.only_mine(link)
+
+
+def test_the_timeline_does_not_follow_a_link_planted_at_its_name(tmp_path):
+    from ringreduce.engine.timeline import Timeline
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "timeline.json").symlink_to(victim)
+    with pytest.raises(OSError, match="it is a symbolic link"):
+        Timeline(str(tmp_path / "timeline.json"), 0)
+    assert victim.read_text() == "keep"
+
+
+def test_a_profile_is_replaced_whole(tmp_path, monkeypatch):
+    """A job starting during a calibration read half of the file it was writing in place."""
+    from ringreduce.algorithms import cost
+    from ringreduce.planning import profiles
+
+    target = tmp_path / "profile.json"
+    profiles.save(cost.DEFAULT, target)
+    before = target.read_text()
+    written = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (written.append(open(a).read()), real_replace(a, b)))
+    profiles.save(cost.DEFAULT, target)
+    assert written == [before] and target.read_text() == before  # the whole file existed before the rename
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]

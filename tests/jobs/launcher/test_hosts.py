@@ -3,6 +3,7 @@
 import pytest
 
 from ringreduce.launcher import slurm
+from ringreduce.launcher.errors import LaunchError
 
 
 @pytest.mark.parametrize("text, names", [
@@ -17,4 +18,14 @@ def test_slurm_nodelist_expansion(text, names):
 
 def test_slurm_tasks_per_node():
     assert slurm.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+@pytest.mark.parametrize("expand, text", [
+    (slurm.expand_nodelist, "node[0-999999999]"), (slurm.expand_nodelist, "a[0-99999],b[0-1]"),
+    (slurm.expand_nodelist, "a[0-9][0-99999]"), (slurm.expand_tasks_per_node, "1(x1000000000)"),
+])
+def test_slurm_lists_beyond_any_cluster_are_refused_before_they_are_expanded(expand, text):
+    with pytest.raises(LaunchError, match=f"more than {slurm.MAX_EXPANDED} nodes"):
+        expand(text)
+    assert len(slurm.expand_nodelist("a[0-99999]")) == slurm.MAX_EXPANDED
 

@@ -355,3 +355,15 @@ def test_a_rank_printing_rrun_s_status_prefix_is_ordinary_output(tmp_path):
     assert result.stdout.count("<stdout>:@rrun-status this is not json") == 2
     assert result.stderr.count('<stderr>:@rrun-status {"rank": 1') == 2  # output, not a report of rank 1
     assert result.stdout.count("line 19999") == 2
+
+
+def test_a_line_without_end_reaches_the_terminal_in_bounded_pieces(tmp_path):
+    """rrun and its wrapper read a line whole, however long: a program writing megabytes without
+    a newline made them hold it all."""
+    script = tmp_path / "long_line.py"
+    script.write_text("import sys\nsys.stdout.write('x' * (8 << 20))\n")
+    result = rrun("-np", "1", sys.executable, str(script), timeout=60)
+    assert result.returncode == 0, result.stderr
+    pieces = [line for line in result.stdout.splitlines() if line.startswith("[0]<stdout>:")]
+    assert len(pieces) == 8 and all(len(p) <= len("[0]<stdout>:") + (1 << 20) for p in pieces)
+    assert sum(len(p) - len("[0]<stdout>:") for p in pieces) == 8 << 20
