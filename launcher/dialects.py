@@ -44,11 +44,22 @@ def carried(job):
     return {name: os.environ[name] for name in CARRIED_VARIABLES if name in os.environ}
 
 
+# Hydra (MPICH 5.0.2 at least) never forwards the last variable of its own environment to other
+# hosts, even when -genvlist names it: mpiexec's environment ends with this one, which no rank needs.
+ENVIRONMENT_END = "RRUN_ENVIRONMENT_END"
+
+
 @dataclasses.dataclass(frozen=True)
 class Launch:
     """How to start a job: mpiexec's command line, and what its environment adds to rrun's."""
     argv: list
     variables: dict
+
+    def environment(self, base: dict | None = None) -> dict:
+        """mpiexec's environment: `base` (rrun's own) with the job's variables, ENVIRONMENT_END last."""
+        env = {name: value for name, value in (os.environ if base is None else base).items()
+               if name != ENVIRONMENT_END}
+        return {**env, **self.variables, ENVIRONMENT_END: "1"}
 
 
 def launch(dialect, mpiexec: str, job: JobSpec) -> Launch:

@@ -2,7 +2,6 @@
 or rrun is interrupted, leaving no process behind, and saying which rank failed first (after
 which mpiexec's own cleanup banners are not shown, unless asked for with --verbose)."""
 
-import os
 import re
 import signal
 import subprocess
@@ -23,7 +22,7 @@ class Supervisor:
         """`launch`: mpiexec's command line and what its environment adds (dialects.Launch).
         `on_failure(report)`, where given, is asked about each rank that fails: true when the job
         goes on without it (its survivors shrink in place), so it is not ended."""
-        self.argv, self.variables = launch.argv, launch.variables
+        self.launch = launch
         self._secret = launch.variables.get(SECRET_VARIABLE)  # what signs the ranks' status lines
         self.on_failure = on_failure
         self.verbose = verbose
@@ -39,7 +38,7 @@ class Supervisor:
     def run(self):
         """Run the job to its end; return rrun's exit status."""
         self.process = subprocess.Popen(
-            self.argv, env={**os.environ, **self.variables}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.launch.argv, env=self.launch.environment(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches rrun alone; rrun ends the job
         )

@@ -5,7 +5,16 @@ import os
 
 import pytest
 
-from ringreduce.launcher.dialects import CARRIED_VARIABLES, MPICH, IntelMPI, JobSpec, OpenMPI, detect, launch
+from ringreduce.launcher.dialects import (
+    CARRIED_VARIABLES,
+    ENVIRONMENT_END,
+    MPICH,
+    IntelMPI,
+    JobSpec,
+    OpenMPI,
+    detect,
+    launch,
+)
 
 RANK = ["python", "-m", "ringreduce.launcher.rank", "4", "--", "python", "train.py"]
 
@@ -121,3 +130,14 @@ def _windows(argv):
 
 def _pairs(argv, flag):
     return [(argv[i + 1], argv[i + 2]) for i, word in enumerate(argv) if word == flag]
+
+
+def test_mpiexec_s_environment_ends_with_a_variable_no_rank_needs():
+    """Hydra drops the last variable of its environment from -genvlist: on other hosts the job's
+    commit directory (the last variable rrun added) was missing, and each host's commits with it."""
+    started = launch(MPICH(), "mpiexec", job(placement=[("a", 1), ("b", 1)], env={"RINGREDUCE_COMMIT_DIR": "/c"}))
+    base = {ENVIRONMENT_END: "0", "HOME": "/root"}
+    environment = started.environment(base)
+    assert list(environment)[-1] == ENVIRONMENT_END and environment[ENVIRONMENT_END] == "1"
+    assert environment["RINGREDUCE_COMMIT_DIR"] == "/c" and environment["HOME"] == "/root"
+    assert ENVIRONMENT_END not in started.argv[started.argv.index("-genvlist") + 1].split(",")
