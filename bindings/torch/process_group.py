@@ -7,7 +7,7 @@ fails or hangs on the other.
 Each call is submitted to the engine at once, in the caller's order, under a name of its own
 (`torch.distributed.allreduce.7`: the seventh call of this group), so that async calls overlap
 as they do on gloo; a thread of the group completes each call's future when the engine has run
-it. What it does not serve (PREMUL_SUM, bitwise ops) raises NotImplementedError naming the call.
+it. What it does not serve (the bitwise ops) raises NotImplementedError naming the call.
 Every wait honours the group's timeout (init_process_group's `timeout=`), failing with torch's
 DistBackendError as its own backends do.
 """
@@ -37,12 +37,22 @@ _OPS = {
 }
 
 
-def _op(options: Any, call: str) -> core.ReduceOp:
-    op = options.reduceOp.op
-    if op not in _OPS:
-        raise NotImplementedError(f"{call} with {op.name} on the ringreduce backend: it serves SUM, AVG, MIN, MAX "
-                                  "and PRODUCT")
-    return _OPS[op]
+class _Reduction(NamedTuple):
+    """A torch reduction as ringreduce's op and the factor each rank's tensor is first scaled by."""
+    op: core.ReduceOp
+    prescale_factor: float = 1.0
+
+
+def _reduction(options: Any, call: str) -> _Reduction:
+    """NCCL's PREMUL_SUM (`dist._make_nccl_premul_sum(factor)`, a number or a one-element tensor)
+    is a sum of every rank's tensor times the factor: ringreduce's prescaled sum."""
+    reduce_op = options.reduceOp
+    if reduce_op.op == dist.ReduceOp.PREMUL_SUM:
+        return _Reduction(core.Sum, float(reduce_op.factor))
+    if reduce_op.op not in _OPS:
+        raise NotImplementedError(f"{call} with {reduce_op.op.name} on the ringreduce backend: it serves SUM, AVG, "
+                                  "MIN, MAX, PRODUCT and PREMUL_SUM")
+    return _Reduction(_OPS[reduce_op.op])
 
 
 class _Work(dist._Work):
@@ -198,18 +208,19 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         return self._work(lambda: after(handle.wait(self._seconds)), opts)
 
     def allreduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        op = _op(opts or dist.AllreduceOptions(), "all_reduce")
+        reduction = _reduction(opts or dist.AllreduceOptions(), "all_reduce")
         if any(t.is_sparse for t in tensor_list):
-            return self._sparse_allreduce(tensor_list, op, opts)
-        handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=op,
+            return self._sparse_allreduce(tensor_list, reduction, opts)
+        handle = tensors.grouped_allreduce_async_(tensor_list, name=self._name("allreduce"), op=reduction.op,
+                                                  prescale_factor=reduction.prescale_factor,
                                                   process_set=self.process_set)
         return self._submit(handle, opts, lambda _: tensor_list)
 
-    def _sparse_allreduce(self, tensor_list: list[torch.Tensor], op: core.ReduceOp, opts: Any) -> dist.Work:
+    def _sparse_allreduce(self, tensor_list: list[torch.Tensor], reduction: _Reduction, opts: Any) -> dist.Work:
         """As gloo: each sparse tensor becomes the coalesced sum of every rank's (SUM only)."""
-        if op != core.Sum or not all(t.is_sparse for t in tensor_list):
+        if reduction != _Reduction(core.Sum) or not all(t.is_sparse for t in tensor_list):
             raise ValueError("all_reduce of sparse tensors: every tensor sparse, and the op SUM (as gloo)")
-        handles = [tensors.SparseAllreduce(t, self._name("sparse_allreduce"), op, self.process_set, t.copy_)
+        handles = [tensors.SparseAllreduce(t, self._name("sparse_allreduce"), core.Sum, self.process_set, t.copy_)
                    for t in tensor_list]
         return self._work(lambda: [h.wait(self._seconds) for h in handles], opts)
 
@@ -258,11 +269,12 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         return self._work(lambda: [w.wait(self.timeout) for w in works], opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        op = _op(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
+        reduction = _reduction(opts or dist.ReduceScatterOptions(), "reduce_scatter_tensor")
         if input.numel() != output.numel() * self.size():
             raise ValueError(f"reduce_scatter_tensor: the input holds {input.numel()} elements, not "
                              f"{self.size()} x the output's {output.numel()}")
-        handle = tensors.reducescatter_async(input.reshape(self.size(), -1), name=self._name("reducescatter"), op=op,
+        handle = tensors.reducescatter_async(input.reshape(self.size(), -1), name=self._name("reducescatter"),
+                                             op=reduction.op, prescale_factor=reduction.prescale_factor,
                                              process_set=self.process_set)
         return self._submit(handle, opts, lambda part: output.copy_(part.view_as(output)))
 
@@ -297,9 +309,10 @@ class RingreduceProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensor_list: list[torch.Tensor], opts: Any = None) -> dist.Work:
         options = opts or dist.ReduceOptions()
-        op, root = _op(options, "reduce"), options.rootRank
+        reduction, root = _reduction(options, "reduce"), options.rootRank
         copies = [t.clone() for t in tensor_list]
-        handle = tensors.grouped_allreduce_async_(copies, name=self._name("reduce"), op=op,
+        handle = tensors.grouped_allreduce_async_(copies, name=self._name("reduce"), op=reduction.op,
+                                                  prescale_factor=reduction.prescale_factor,
                                                   process_set=self.process_set)
 
         def keep_on_root(_: object) -> list[torch.Tensor]:

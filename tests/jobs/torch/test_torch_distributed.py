@@ -37,6 +37,8 @@ def expected_calls(rank, size):
     return {
         "all_reduce.SUM": total, "all_reduce.AVG": total / size, "all_reduce.MIN": bases[0],
         "all_reduce.MAX": bases[-1], "all_reduce.PRODUCT": np.prod([b % 3 + 1 for b in bases], axis=0),
+        "all_reduce.PREMUL_SUM.number": total / 2, "all_reduce.PREMUL_SUM.tensor": total / 4,
+        "reduce_scatter_tensor.PREMUL_SUM": 2 * scattered[2 * rank:2 * rank + 2],
         "all_reduce.async": total.astype(np.float64), "all_reduce.future": total.astype(np.float64),
         "broadcast": bases[-1], "all_gather": np.stack(bases), "all_gather_into_tensor": np.concatenate(bases),
         "reduce_scatter_tensor": scattered[2 * rank:2 * rank + 2],
@@ -67,6 +69,8 @@ def test_every_call_gives_what_numpy_gives_on_every_rank(ringreduce_job):
         for call, expected in expected_calls(rank, size).items():
             np.testing.assert_array_equal(got[call].numpy(), expected, err_msg=f"{call} on rank {rank} of {size}")
         assert got["all_gather_object"] == [{"rank": r} for r in range(size)]
+        assert got["all_reduce.BXOR"] == ("all_reduce with BXOR on the ringreduce backend: it serves SUM, AVG, MIN, "
+                                          "MAX, PRODUCT and PREMUL_SUM")
 
 
 def test_each_rank_gets_torchruns_variables_from_rrun(ringreduce_job):

@@ -26,6 +26,17 @@ def calls(rank, size):
         tensor = mine.clone() if op != "PRODUCT" else mine.clone() % 3 + 1
         dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
         got[f"all_reduce.{op}"] = tensor
+    for name, factor in (("number", 0.5), ("tensor", torch.tensor([0.25]))):  # NCCL's two forms
+        tensor = mine.clone()
+        dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(factor))
+        got[f"all_reduce.PREMUL_SUM.{name}"] = tensor
+    part = torch.zeros(2)
+    dist.reduce_scatter_tensor(part, torch.arange(2.0 * size) * (rank + 1), op=dist._make_nccl_premul_sum(2.0))
+    got["reduce_scatter_tensor.PREMUL_SUM"] = part
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BXOR)
+    except NotImplementedError as error:
+        got["all_reduce.BXOR"] = str(error)
     tensor = mine.clone().double()
     work = dist.all_reduce(tensor, async_op=True)
     work.wait()
