@@ -4,9 +4,10 @@ ringreduce's engine and algorithms, with its checks: a call whose shapes, dtypes
 across ranks is a MismatchError on every rank that names them, where gloo returns on one rank and
 fails or hangs on the other.
 
-Each call is submitted to the engine at once, in the caller's order, under a name of its own
-(`torch.distributed.allreduce.7`: the seventh call of this group), so that async calls overlap
-as they do on gloo; a thread of the group completes each call's future when the engine has run
+Each call is submitted to the engine at once, in the caller's order, under a name every rank gives
+it alike (`torch.distributed.0.allreduce.7`: this group's eighth allreduce, counted modulo
+_CallNames.SLOTS, so that a loop's calls come back to names the response cache knows), so that
+async calls overlap as they do on gloo; a thread of the group completes each call's future when the engine has run
 it. What it does not serve (the bitwise ops) raises NotImplementedError naming the call.
 Every wait honours the group's timeout (init_process_group's `timeout=`), failing with torch's
 DistBackendError as its own backends do.
@@ -15,7 +16,6 @@ DistBackendError as its own backends do.
 import concurrent.futures
 import datetime
 import functools
-import itertools
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -91,6 +91,10 @@ class _Work(dist._Work):
     def is_completed(self) -> bool:
         return self._finished.is_set()
 
+    def finished(self, seconds: float) -> bool:
+        """Has it finished within `seconds` (raising nothing)?"""
+        return self._finished.wait(seconds)
+
     def is_success(self) -> bool:
         return self._finished.is_set() and self._error is None
 
@@ -144,6 +148,47 @@ class _Completions:
                 work.finish(result, fire=_CALLBACKS.submit)
 
 
+class _CallNames:
+    """The names of a group's calls: `<group>.<kind>.<n mod SLOTS>` for its n-th call of that kind.
+    Every rank counts its calls in program order, so the names agree; and they come back, so the
+    response cache knows a training loop's calls (each then travels as one bit) wherever the loop
+    makes a number of calls of a kind that divides SLOTS (DDP: one call per bucket). A name still
+    held by an unfinished call is waited for first: the engine takes one request of a name at a time."""
+
+    SLOTS = 24
+
+    def __init__(self, prefix: str, timeout: float) -> None:
+        self._prefix, self._timeout = prefix, timeout
+        self._counts: dict[str, int] = {}
+        self._holders: dict[str, _Work] = {}
+        self._lock = threading.Lock()
+        self._taken = threading.local()  # the names this thread took for the call it is making
+
+    def take(self, kind: str) -> str:
+        with self._lock:
+            number = self._counts.get(kind, 0)
+            self._counts[kind] = number + 1
+            name = f"{self._prefix}.{kind}.{number % self.SLOTS}"
+            holder = self._holders.get(name)
+        if holder is not None and not holder.finished(self._timeout):
+            raise dist.DistBackendError(f"ringreduce: rank {core.rank()}: {name} is still held by the call made "
+                                        f"{self.SLOTS} calls before it, unfinished after the group's timeout")
+        self._taken_here().append(name)
+        return name
+
+    def hold(self, work: "_Work") -> None:
+        """`work` holds the names this thread took for its call, until it finishes."""
+        taken = self._taken_here()
+        with self._lock:
+            self._holders.update(dict.fromkeys(taken, work))
+        taken.clear()
+
+    def _taken_here(self) -> list[str]:
+        if not hasattr(self._taken, "names"):
+            self._taken.names = []
+        return self._taken.names
+
+
 class RingreduceProcessGroup(dist.ProcessGroup):
     """The job's ranks as a torch.distributed process group on ringreduce's collectives."""
 
@@ -152,10 +197,9 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.timeout, self.process_set = timeout, process_set
         self._seconds = timeout.total_seconds()
-        self._calls_prefix = f"torch.distributed.{group_id}"
+        self._names = _CallNames(f"torch.distributed.{group_id}", self._seconds)
         self._torch_name = self._torch_description = group_id
         self._global_ranks = process_set.ranks or []
-        self._calls = itertools.count()
         self._completions = _Completions()
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -176,7 +220,7 @@ class RingreduceProcessGroup(dist.ProcessGroup):
         return self._torch_description
 
     def _name(self, kind: str) -> str:
-        return f"{self._calls_prefix}.{kind}.{next(self._calls)}"
+        return self._names.take(kind)
 
     def _global(self, group_rank: int) -> int:
         """torch names ranks within the group; ringreduce by their rank in the job."""
@@ -198,11 +242,14 @@ class RingreduceProcessGroup(dist.ProcessGroup):
                 raise timed_out from None
 
         if opts is None or getattr(opts, "asyncOp", True):
-            return self._completions.work(within_timeout)
-        try:
-            return _Work().finish(within_timeout())
-        except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
-            return _Work().finish(error=error)
+            work = self._completions.work(within_timeout)
+        else:
+            try:
+                work = _Work().finish(within_timeout())
+            except BaseException as error:  # noqa: BLE001 - the caller's wait() raises it
+                work = _Work().finish(error=error)
+        self._names.hold(work)
+        return work
 
     def _submit(self, handle: Any, opts: Any, after: Callable[[Any], object] = lambda result: result) -> dist.Work:
         return self._work(lambda: after(handle.wait(self._seconds)), opts)

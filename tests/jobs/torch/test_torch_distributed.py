@@ -69,6 +69,13 @@ def test_every_call_gives_what_numpy_gives_on_every_rank(ringreduce_job):
         for call, expected in expected_calls(rank, size).items():
             np.testing.assert_array_equal(got[call].numpy(), expected, err_msg=f"{call} on rank {rank} of {size}")
         assert got["all_gather_object"] == [{"rank": r} for r in range(size)]
+        offsets = sum(range(size))
+        np.testing.assert_array_equal(got["all_reduce.in_flight"].numpy(), np.repeat(
+            [[offsets + size * i] for i in range(len(got["all_reduce.in_flight"]))], 3, axis=1))
+        np.testing.assert_array_equal(got["all_reduce.loop"].numpy(), np.repeat(
+            [[offsets + size * step] for step in range(len(got["all_reduce.loop"]))], 5, axis=1))
+        # The loop's second lap of names (half its calls) known to the response cache: before, no name came twice.
+        assert got["all_reduce.loop_cache_hits"] >= len(got["all_reduce.loop"]), got["all_reduce.loop_cache_hits"]
         assert got["all_reduce.BXOR"] == ("all_reduce with BXOR on the ringreduce backend: it serves SUM, AVG, MIN, "
                                           "MAX, PRODUCT and PREMUL_SUM")
 

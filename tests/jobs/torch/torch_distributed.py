@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringreduce.torch  # noqa: F401 - registers the backend
+from ringreduce.torch.process_group import _CallNames
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
 import torch_cases  # noqa: E402
@@ -37,6 +38,7 @@ def calls(rank, size):
         dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BXOR)
     except NotImplementedError as error:
         got["all_reduce.BXOR"] = str(error)
+    got.update(repeated_calls(rank))
     tensor = mine.clone().double()
     work = dist.all_reduce(tensor, async_op=True)
     work.wait()
@@ -110,6 +112,21 @@ def calls(rank, size):
     got.update(subgroups(rank, size))
     got["horovod_style"] = ringreduce.torch.allreduce(torch.ones(2) * rank, op=ringreduce.torch.Sum)
     return got
+
+
+def repeated_calls(rank):
+    """More async calls in flight than the group has names (a name's next call waits for its last),
+    then a loop of two calls a step whose names the response cache comes to know."""
+    many = [torch.full((3,), float(rank + i)) for i in range(_CallNames.SLOTS + 6)]
+    for work in [dist.all_reduce(tensor, async_op=True) for tensor in many]:
+        work.wait()
+    before = ringreduce.engine_stats()["cache_hits"]
+    steps = [(torch.full((5,), float(rank + step)), torch.ones(2, 2) * rank) for step in range(_CallNames.SLOTS)]
+    for first, second in steps:
+        dist.all_reduce(first)
+        dist.all_reduce(second, op=dist.ReduceOp.MAX)
+    return {"all_reduce.in_flight": torch.stack(many), "all_reduce.loop": torch.stack([f for f, _ in steps]),
+            "all_reduce.loop_cache_hits": ringreduce.engine_stats()["cache_hits"] - before}
 
 
 def subgroups(rank, size):
