@@ -41,7 +41,8 @@ bench: install
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/fusion.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/training.py
 	$(RRUN) -np $(NP) $(PYTHON) benchmarks/communication.py
-	$(RRUN) -np 2 $(PYTHON) benchmarks/torch_distributed.py
+	$(RRUN) -np 2 --calibrate --profile /tmp/ringreduce-bench-profile.json
+	$(RRUN) -np 2 --profile /tmp/ringreduce-bench-profile.json $(PYTHON) benchmarks/torch_distributed.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/narrow_floats.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/load_balancing.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/elastic.py

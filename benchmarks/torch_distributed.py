@@ -1,7 +1,8 @@
 """torch.distributed on the ringreduce backend against gloo, in the same run: a bare all_reduce
 from 4 KiB to 64 MiB (and ringreduce's own allreduce_ beside it), and DDP's training step on the
 training benchmark's MLP and small CNN (its batch of 32 per rank, one thread per rank). Run under
-rrun; rank 0 prints the table.
+rrun; rank 0 prints the table. `make bench` runs it with the cost model fitted to the machine
+(`rrun --calibrate`), as the README advises: the built-in profile is another machine's.
 
     rrun -np 2 python benchmarks/torch_distributed.py
 """
@@ -18,7 +19,7 @@ import ringreduce.torch as rr
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
 
 
-ROUNDS = 5  # the variants take turns, ROUNDS times; each row gives the median of its rounds
+ROUNDS = 7  # the variants take turns, ROUNDS times; each row gives the median of its rounds
 
 
 def timed(run, repeats):
@@ -30,11 +31,15 @@ def timed(run, repeats):
 
 
 def medians(runs, repeats):
-    """Each run's median time per call over ROUNDS rounds in which the runs take turns."""
+    """Each run's median time per call over ROUNDS rounds in which the runs take turns, each round
+    starting with the next one (what runs right after gloo, whose threads spin on, pays for it)."""
     for run in runs:
         run()
-    rounds = [[timed(run, repeats) for run in runs] for _ in range(ROUNDS)]
-    return [statistics.median(r[i] for r in rounds) for i in range(len(runs))]
+    times = [[] for _ in runs]
+    for round_number in range(ROUNDS):
+        for i in [(round_number + k) % len(runs) for k in range(len(runs))]:
+            times[i].append(timed(runs[i], repeats))
+    return [statistics.median(t) for t in times]
 
 
 BATCH_PER_RANK = 32
