@@ -23,7 +23,6 @@ from ringreduce.launcher.protocol import (
     status_line,
 )
 from ringreduce.launcher.torchrun import rank_environment
-from ringreduce.machine.cores import usable_cores
 
 # Where each MPI and Slurm put the rank of the process they start.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -84,17 +83,31 @@ def wrapped(world_size, command):
     return [sys.executable, "-m", "ringreduce.launcher.rank", str(world_size), "--", *command]
 
 
-def threads_per_rank(environ):
+def threads_per_rank(environ, mine=None, node=None):
     """The threads a rank's OpenMP and BLAS pools (torch's, numpy's OpenBLAS) should start: the CPUs
-    it may run on, shared with the host's other ranks where mpiexec did not bind it (every CPU
-    allowed). More threads than cores is worse than slow here: idle pool threads spin, taking the
-    cores the other ranks compute on (PowerSGD's products at 2 ranks on 2 cores: 59 ms, 15 ms with
-    one thread each)."""
-    cpus = usable_cores()
-    local = next((int(environ[v]) for v in LOCAL_SIZE_VARIABLES if v in environ), 1)
-    if cpus == os.cpu_count():
-        cpus //= local
-    return max(1, cpus)
+    it may run on (`mine`, its affinity), divided among the host's ranks that share them. More
+    threads than cores is worse than slow: idle pool threads spin, taking the cores the other ranks
+    compute on (PowerSGD's products at 2 ranks on 2 cores: 59 ms, 15 ms with one thread each).
+
+    Slurm's SLURM_CPUS_PER_TASK is the answer where it is set. Otherwise the ranks that share this
+    rank's CPUs are counted from the CPUs of the whole job on this host (`node`: those of the MPI
+    daemon that started the rank, which runs in the job's cgroup and is not bound): unbound, all
+    the host's ranks share them; bound to a NUMA domain, the ranks of that domain do."""
+    mine = set(os.sched_getaffinity(0)) if mine is None else set(mine)
+    node = _daemon_cpus() if node is None else set(node)
+    if environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, min(int(environ["SLURM_CPUS_PER_TASK"]), len(mine)))
+    local = next((int(environ[v]) for v in LOCAL_SIZE_VARIABLES if environ.get(v, "").isdigit()), 1)
+    sharing = max(1, round(local * len(mine) / max(len(node | mine), 1)))
+    return max(1, len(mine) // sharing)
+
+
+def _daemon_cpus():
+    """The CPUs of the process that started this wrapper (the MPI's daemon), else this host's."""
+    try:
+        return set(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        return set(range(os.cpu_count() or 1))
 
 
 def _ranges(numbers):

@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from ringreduce.launcher import dialects, reach
+from ringreduce.launcher import dialects, rank, reach
 from ringreduce.launcher.cli import main
 from ringreduce.launcher.supervise import Supervisor
 from ringreduce.machine.launch import launch_mismatch
@@ -83,3 +83,18 @@ def test_init_names_a_launcher_whose_world_mpi_does_not_see(world, environ, says
     if says:
         assert problem.format(library="X").startswith(says)
 
+
+
+@pytest.mark.parametrize("mine, node, local, cpus_per_task, threads", [
+    (range(8), range(8), 4, None, 2),  # unbound: the host's ranks share every CPU
+    (range(8), range(8), 1, None, 8),
+    (range(16), range(32), 8, None, 4),  # bound to one of 2 NUMA domains, 4 ranks on each
+    ([5], range(32), 8, None, 1),  # bound to a core
+    (range(8), range(8), 4, "3", 3),  # Slurm's --cpus-per-task
+    (range(2), range(64), 1, "16", 2),  # never more than the rank may run on
+    (range(8, 16), range(8, 16), 2, None, 4),  # a cgroup of 8 CPUs of a bigger node
+])
+def test_each_rank_threads_are_its_cpus_divided_among_the_ranks_that_share_them(mine, node, local, cpus_per_task,
+                                                                               threads):
+    environ = {"MPI_LOCALNRANKS": str(local), **({"SLURM_CPUS_PER_TASK": cpus_per_task} if cpus_per_task else {})}
+    assert rank.threads_per_rank(environ, mine, node) == threads
