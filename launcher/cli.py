@@ -97,7 +97,11 @@ def _knob_name(flag):
 @click.option("-i", "--network-interface", metavar="IFACE",
               help="IP interface for MPI's TCP traffic and NCCL's bootstrap sockets (eth0, ib0 for IPoIB).")
 @click.option("--net-device", metavar="HCA:PORT[,...]",
-              help="RDMA devices for the data: UCX_NET_DEVICES and NCCL_IB_HCA, e.g. mlx5_0:1 (see ibv_devinfo).")
+              help="RDMA devices for MPI's data (UCX_NET_DEVICES), e.g. mlx5_0:1 (see ibv_devinfo). NCCL keeps its "
+                   "own choice, the HCA nearest each GPU, unless --nccl-ib-hca is given.")
+@click.option("--nccl-ib-hca", metavar="HCA[:PORT][,...]",
+              help="NCCL's InfiniBand devices (NCCL_IB_HCA, NCCL's syntax: mlx5_0,mlx5_1 or =mlx5_0:1 or ^mlx5_2). "
+                   "Left to NCCL by default, which takes each GPU's nearest HCA.")
 @click.option("--bind-to", type=click.Choice(dialects.BIND_TO), default="none", show_default=True,
               help="Bind each rank to a core, a socket or a NUMA node (the same under every MPI).")
 @click.option("--map-by", type=click.Choice(dialects.MAP_BY), default="slot", show_default=True,
@@ -157,8 +161,8 @@ def _knob_name(flag):
 @knob_options
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, map_by, report_bindings, mpi_args,
-         mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain, skip_host_check,
+def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_hca, bind_to, map_by, report_bindings,
+         mpi_args, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain, skip_host_check,
          grace_seconds, restarts, min_np, max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
          blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
@@ -182,7 +186,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, bind_to, 
         num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
     mpiexec = dialects.find_mpiexec(mpiexec_name)
     dialect = dialects.dialect_of(mpiexec)
-    env = {**fabric_environment(network_interface, net_device),
+    env = {**fabric_environment(network_interface, net_device, nccl_ib_hca),
            **environment(env_items, os.environ, knobs, secret_names.split(","))}
     if report_bindings:
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
@@ -309,17 +313,21 @@ def looks_secret(name, patterns=SECRET_PATTERNS):
     return any(fnmatch.fnmatchcase(name.upper(), p.strip().upper()) for p in patterns if p.strip())
 
 
-def fabric_environment(network_interface, net_device):
-    """What -i and --net-device mean beyond MPI's own options: NCCL's bootstrap sockets on the IP
-    interface; the RDMA devices for UCX and for NCCL's data (an HCA port, never an IP interface:
-    UCX given `ib0` would run TCP over IPoIB and lose RDMA)."""
+def fabric_environment(network_interface, net_device, nccl_ib_hca=None):
+    """What -i, --net-device and --nccl-ib-hca mean beyond MPI's own options: NCCL's bootstrap
+    sockets on the IP interface; the RDMA devices for UCX (an HCA port, never an IP interface: UCX
+    given `ib0` would run TCP over IPoIB and lose RDMA); NCCL's HCAs only when named, since NCCL
+    gives each GPU its nearest HCA, and one list for every rank would take that away (half or a
+    quarter of its bandwidth between nodes on nodes with 4-8 HCAs)."""
     env = {"NCCL_SOCKET_IFNAME": network_interface} if network_interface else {}
+    if nccl_ib_hca:
+        env["NCCL_IB_HCA"] = nccl_ib_hca
     if net_device:
         ports = net_device.split(",")
         if not all(re.fullmatch(r"[A-Za-z0-9_]+:\d+", port) for port in ports):
             raise LaunchError(f"--net-device {net_device!r}: name HCA ports like mlx5_0:1 (see ibv_devinfo); "
                               "an IP interface such as ib0 would make UCX run TCP over IPoIB (use -i for that)")
-        env.update(UCX_NET_DEVICES=net_device, NCCL_IB_HCA=net_device)
+        env["UCX_NET_DEVICES"] = net_device
     return env
 
 

@@ -7,6 +7,7 @@ their values travel in mpiexec's own environment (a command line is anyone's to 
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,8 +74,10 @@ def _passes(job, *options):
 
 class OpenMPI:
     name = "Open MPI"
-    # Open MPI 5 calls a socket a package.
-    _NAMES = {"socket": "package"}
+
+    def __init__(self, major: int = 5) -> None:
+        # Open MPI 5's mpirun calls a socket a package; 4's knows only `socket`.
+        self._NAMES = {"socket": "package"} if major >= 5 else {}
 
     def command(self, mpiexec, job):
         args = [mpiexec, "-np", str(job.num_proc)]
@@ -162,9 +165,20 @@ class IntelMPI(MPICH):
 
 
     @classmethod
+    def variables(cls, job):
+        """Inside a Slurm allocation Hydra must start its daemons through Slurm (its default, ssh,
+        is refused on most compute nodes), unless the user chose a bootstrap."""
+        bootstrap = {}
+        if os.environ.get("SLURM_JOB_ID") and "I_MPI_HYDRA_BOOTSTRAP" not in {**os.environ, **job.env}:
+            bootstrap = {"I_MPI_HYDRA_BOOTSTRAP": "slurm"}
+        return {**bootstrap, **super().variables(job)}
+
+    @classmethod
     def _pinning(cls, job):
         if job.bind_to == "none":
-            return {"I_MPI_PIN": "0"}
+            # Intel MPI pins by default, which rrun turns off, unless the user pins by its variables.
+            chosen = any(name.startswith("I_MPI_PIN") for name in {**os.environ, **job.env})
+            return {} if chosen else {"I_MPI_PIN": "0"}
         pinning = {"I_MPI_PIN": "1", "I_MPI_PIN_DOMAIN": job.bind_to}
         if job.map_by in cls._ORDER:
             pinning["I_MPI_PIN_ORDER"] = cls._ORDER[job.map_by]
@@ -176,7 +190,8 @@ def detect(version_text):
     if "Intel(R) MPI" in version_text:
         return IntelMPI()
     if "Open MPI" in version_text or "OpenRTE" in version_text or "PRRTE" in version_text:
-        return OpenMPI()
+        version = re.search(r"\(Open MPI\) (\d+)\.", version_text) or re.search(r"Open MPI v?(\d+)\.", version_text)
+        return OpenMPI(int(version[1]) if version else 5)
     if "HYDRA" in version_text or "MPICH" in version_text:
         return MPICH()
     return None

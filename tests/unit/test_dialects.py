@@ -141,3 +141,35 @@ def test_mpiexec_s_environment_ends_with_a_variable_no_rank_needs():
     assert list(environment)[-1] == ENVIRONMENT_END and environment[ENVIRONMENT_END] == "1"
     assert environment["RINGREDUCE_COMMIT_DIR"] == "/c" and environment["HOME"] == "/root"
     assert ENVIRONMENT_END not in started.argv[started.argv.index("-genvlist") + 1].split(",")
+
+
+@pytest.mark.parametrize("version_text, socket_word", [
+    ("mpirun (Open MPI) 4.1.5\n\nReport bugs to https://www.open-mpi.org/community/help/", "socket"),
+    ("mpirun (Open MPI) 5.0.8\n\nReport bugs to https://www.open-mpi.org/community/help/", "package"),
+])
+def test_open_mpi_s_binding_words_follow_its_version(version_text, socket_word):
+    """Open MPI 4's mpirun knows `socket`, not `package` (5's word for it)."""
+    argv = detect(version_text).command("mpiexec", job(bind_to="socket", map_by="socket"))
+    assert argv[3:7] == ["--bind-to", socket_word, "--map-by", socket_word], argv
+
+
+def test_intel_mpi_starts_its_daemons_through_slurm_inside_an_allocation(monkeypatch):
+    monkeypatch.delenv("I_MPI_HYDRA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert "I_MPI_HYDRA_BOOTSTRAP" not in launch(IntelMPI(), "mpiexec", job()).variables
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert launch(IntelMPI(), "mpiexec", job()).variables["I_MPI_HYDRA_BOOTSTRAP"] == "slurm"
+    monkeypatch.setenv("I_MPI_HYDRA_BOOTSTRAP", "ssh")  # the user's choice stands
+    assert "I_MPI_HYDRA_BOOTSTRAP" not in launch(IntelMPI(), "mpiexec", job()).variables
+
+
+def test_intel_mpi_keeps_the_job_script_s_own_pinning(monkeypatch):
+    """rrun's default I_MPI_PIN=0 silently cancelled a script's I_MPI_PIN_DOMAIN."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    for name in [n for n in os.environ if n.startswith("I_MPI_PIN")]:
+        monkeypatch.delenv(name)
+    assert launch(IntelMPI(), "mpiexec", job()).variables["I_MPI_PIN"] == "0"
+    monkeypatch.setenv("I_MPI_PIN_DOMAIN", "socket")
+    assert "I_MPI_PIN" not in launch(IntelMPI(), "mpiexec", job()).variables
+    monkeypatch.delenv("I_MPI_PIN_DOMAIN")
+    assert "I_MPI_PIN" not in launch(IntelMPI(), "mpiexec", job(env={"I_MPI_PIN_PROCESSOR_LIST": "0-3"})).variables

@@ -238,8 +238,10 @@ def test_forwarded_families_fabric_options_and_no_secrets():
                                                                  "RINGREDUCE_S3_ACCESS_KEY")}
     assert environment((), environ, secret_patterns=[""])["NCCL_SECRET_TOKEN"] == "x"  # --secret-names ''
     assert "RINGREDUCE_S3_ACCESS_KEY" in environment((), environ, secret_patterns=["*TOKEN*"])
-    assert fabric_environment("ib0", "mlx5_0:1,mlx5_1:1") == {
-        "NCCL_SOCKET_IFNAME": "ib0", "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1", "NCCL_IB_HCA": "mlx5_0:1,mlx5_1:1"}
+    # NCCL keeps its own HCA per GPU unless --nccl-ib-hca names them (one list for all took that away).
+    assert fabric_environment("ib0", "mlx5_0:1,mlx5_1:1") == {"NCCL_SOCKET_IFNAME": "ib0",
+                                                             "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1"}
+    assert fabric_environment(None, None, "=mlx5_0:1") == {"NCCL_IB_HCA": "=mlx5_0:1"}
     assert one_line_error(rrun("-np", "2", "--net-device", "ib0", sys.executable, "-c", "pass")).startswith(
         "Error: --net-device 'ib0': name HCA ports like mlx5_0:1 (see ibv_devinfo); an IP interface such as ib0 "
         "would make UCX run TCP over IPoIB")
