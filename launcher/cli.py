@@ -163,8 +163,8 @@ def _knob_name(flag):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_hca, bind_to, map_by, report_bindings,
          mpi_args, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain,
-         skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script, slots_per_host, elastic_timeout, reset_limit,
-         blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
+         skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script, slots_per_host,
+         elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
