@@ -126,6 +126,9 @@ def _knob_name(flag):
 @click.option("--explain", is_flag=True,
               help="Show the cost model's parameters and the algorithm it gives each collective at each size "
                    "for these ranks and hosts, and exit.")
+@click.option("--strict-placement", is_flag=True,
+              help="Refuse a Slurm layout that rrun would warn about (uneven ranks per node, fewer GPUs than "
+                   "ranks on a node, idle GPUs) instead of running it.")
 @click.option("--skip-host-check", is_flag=True,
               help="Do not check, before starting, that every host of -H/--hostfile answers over ssh.")
 @click.option("--grace-seconds", type=click.FloatRange(min=0), default=3.0, show_default=True,
@@ -163,8 +166,9 @@ def _knob_name(flag):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_hca, bind_to, map_by, report_bindings,
          mpi_args, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain,
-         skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script, slots_per_host,
-         elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command, **knobs):
+         strict_placement, skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script,
+         slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command,
+         **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
@@ -183,7 +187,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
                                    slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
                                    heartbeat_seconds, commit_dir)
     else:
-        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ)
+        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ, strict_placement)
     mpiexec = dialects.find_mpiexec(mpiexec_name)
     dialect = dialects.dialect_of(mpiexec)
     env = {**fabric_environment(network_interface, net_device, nccl_ib_hca),
@@ -287,13 +291,19 @@ def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, dis
                             commit_dir=commit_dir)
 
 
-def resolve_ranks(num_proc, host_list, hostfile, environ):
-    """How many ranks and where: -H or --hostfile, else a Slurm allocation, else this host."""
+def resolve_ranks(num_proc, host_list, hostfile, environ, strict_placement=False):
+    """How many ranks and where: -H or --hostfile, else a Slurm allocation (its layout's problems
+    said, or refused with `strict_placement`), else this host."""
     if host_list and hostfile:
         raise LaunchError("give -H or --hostfile, not both")
     given = hosts.parse_hosts(host_list) if host_list else hostfile and hosts.parse_hostfile(hostfile)
     if not given and num_proc is None:
         given = slurm.allocation(environ)
+        problems = slurm.layout_warnings(environ, given or [])
+        if problems and strict_placement:
+            raise LaunchError(f"--strict-placement: {problems[0]}")
+        for problem in problems:
+            click.echo(f"rrun: warning: {problem}", err=True)
     if not given:
         if num_proc is None:
             raise LaunchError("give the number of ranks with -np (or hosts with -H or --hostfile)")

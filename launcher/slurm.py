@@ -12,17 +12,54 @@ MAX_EXPANDED = 100_000
 
 
 def allocation(environ):
-    """The allocation's hosts and slots, or None outside Slurm."""
+    """The allocation's hosts and slots, or None outside Slurm. What rrun cannot place one rank
+    per task in (a heterogeneous job, rrun as a task of an srun step) is a LaunchError that says
+    what to change."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     tasks = environ.get("SLURM_TASKS_PER_NODE")
     if not environ.get("SLURM_JOB_ID") or not nodelist or not tasks:
         return None
+    if environ.get("SLURM_HET_SIZE"):
+        raise LaunchError(f"this is a heterogeneous Slurm job (SLURM_HET_SIZE={environ['SLURM_HET_SIZE']}), whose "
+                          "components rrun cannot tell apart: submit one homogeneous job, or give the hosts "
+                          "with -H or --hostfile")
+    if environ.get("SLURM_STEP_ID") is not None:
+        step_tasks = environ.get("SLURM_STEP_NUM_TASKS", "?")
+        raise LaunchError(f"rrun runs inside an srun step (SLURM_STEP_ID={environ['SLURM_STEP_ID']}, "
+                          f"{step_tasks} task(s)), whose task counts (SLURM_TASKS_PER_NODE={tasks!r}) are the "
+                          f"step's, not the job's: run rrun in the batch script itself, without srun (it starts "
+                          f"the ranks on every node of the job), or give the hosts with -H or --hostfile")
     names = expand_nodelist(nodelist)
     counts = expand_tasks_per_node(tasks)
     if len(counts) != len(names):
         raise LaunchError(f"the Slurm allocation names {len(names)} nodes (SLURM_JOB_NODELIST={nodelist!r}) but "
                           f"{len(counts)} task counts (SLURM_TASKS_PER_NODE={tasks!r})")
     return [Host(name, count) for name, count in zip(names, counts, strict=True)]
+
+
+def layout_warnings(environ, hosts):
+    """What in the allocation's layout makes a GPU job slow or leaves GPUs idle, one line each
+    (rrun prints them; --strict-placement refuses the job instead)."""
+    warnings = []
+    counts = sorted({host.slots for host in hosts})
+    if len(counts) > 1:
+        warnings.append(f"the nodes run different numbers of ranks ({', '.join(map(str, counts))}; "
+                        f"SLURM_TASKS_PER_NODE={environ['SLURM_TASKS_PER_NODE']}): each node's ranks share its "
+                        f"GPUs and links unevenly, and the slowest node sets the pace; ask for --ntasks-per-node")
+    gpus = environ.get("SLURM_GPUS_ON_NODE", "")
+    if gpus.isdigit() and hosts:
+        here = int(gpus)
+        fewest, most = min(h.slots for h in hosts), max(h.slots for h in hosts)
+        if most > here:
+            warnings.append(f"up to {most} ranks per node but {here} GPU(s) visible on this node "
+                            f"(SLURM_GPUS_ON_NODE={here}): ranks will share GPUs, and NCCL refuses two ranks on "
+                            f"one GPU; with --gpus-per-task the step mpiexec starts sees fewer GPUs, so ask "
+                            f"--gpus-per-node={most} instead")
+        elif fewest < here:
+            warnings.append(f"{fewest} rank(s) on a node with {here} GPUs leaves {here - fewest} of them idle "
+                            f"(SLURM_TASKS_PER_NODE={environ['SLURM_TASKS_PER_NODE']}): ask "
+                            f"--ntasks-per-node={here}")
+    return warnings
 
 
 def expand_nodelist(text):

@@ -1,5 +1,7 @@
 """Hosts from -H, hostfiles and Slurm, and how ranks are placed on them, as rrun reads them."""
 
+import re
+
 import pytest
 
 from ringreduce.launcher.cli import python_script, resolve_ranks
@@ -59,6 +61,42 @@ SLURM = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_
 
 def test_inside_slurm_without_np_the_allocation_decides():
     assert resolve_ranks(None, None, None, SLURM) == (8, [("n1", 4), ("n2", 4)])
+
+
+def test_a_heterogeneous_job_is_refused_saying_what_to_change():
+    with pytest.raises(LaunchError, match=r"heterogeneous Slurm job \(SLURM_HET_SIZE=2\).*submit one homogeneous job"):
+        resolve_ranks(None, None, None, {**SLURM, "SLURM_HET_SIZE": "2"})
+
+
+def test_rrun_inside_an_srun_step_is_refused_instead_of_misreading_its_task_counts():
+    """In a step, SLURM_TASKS_PER_NODE is the step's ("1") and the node list the job's (2 nodes):
+    rrun said the counts and the nodes did not match."""
+    step = {**SLURM, "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}
+    with pytest.raises(LaunchError, match=r"inside an srun step \(SLURM_STEP_ID=0, 1 task\(s\)\).*run rrun in the "
+                                          r"batch script itself, without srun"):
+        resolve_ranks(None, None, None, step)
+
+
+@pytest.mark.parametrize("tasks, gpus, said", [
+    ("4(x2)", None, None),
+    ("4(x2)", "4", None),
+    ("8(x3),6", None, "the nodes run different numbers of ranks (6, 8; SLURM_TASKS_PER_NODE=8(x3),6)"),
+    ("8(x2)", "1", "up to 8 ranks per node but 1 GPU(s) visible on this node (SLURM_GPUS_ON_NODE=1)"),
+    ("1(x2)", "8", "1 rank(s) on a node with 8 GPUs leaves 7 of them idle (SLURM_TASKS_PER_NODE=1(x2)): ask "
+                   "--ntasks-per-node=8"),
+])
+def test_a_slurm_layout_that_slows_a_gpu_job_is_said_and_refused_when_strict(tasks, gpus, said, capsys):
+    environ = {**SLURM, "SLURM_TASKS_PER_NODE": tasks, "SLURM_JOB_NODELIST": "n[1-2]" if "x2" in tasks else "n[1-4]",
+               **({"SLURM_GPUS_ON_NODE": gpus} if gpus else {})}
+    resolve_ranks(None, None, None, environ)
+    warned = capsys.readouterr().err
+    if said is None:
+        assert warned == ""
+        resolve_ranks(None, None, None, environ, strict_placement=True)
+        return
+    assert warned.startswith(f"rrun: warning: {said}"), warned
+    with pytest.raises(LaunchError, match=r"^--strict-placement: " + re.escape(said)):
+        resolve_ranks(None, None, None, environ, strict_placement=True)
 
 
 def test_np_inside_slurm_is_left_to_mpiexec_and_outside_slurm_runs_locally():

@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+import ringreduce
 from ringreduce.launcher import torchrun
 
 
@@ -54,4 +55,6 @@ def test_the_backend_names_the_reductions_it_does_not_serve():
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.BAND
     with pytest.raises(NotImplementedError, match="all_reduce with BAND on the ringreduce backend"):
-        process_group._op(options, "all_reduce")
+        process_group._reduction(options, "all_reduce")
+    options.reduceOp = dist._make_nccl_premul_sum(0.5)  # NCCL's: a sum of each rank's tensor times 0.5
+    assert process_group._reduction(options, "all_reduce") == (ringreduce.Sum, 0.5)

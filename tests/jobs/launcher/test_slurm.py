@@ -62,6 +62,15 @@ def test_a_batch_script_that_execs_rrun_runs_where_slurm_placed_it_without_ssh(t
     assert all(s["size"] == 2 and s["sum"] == [3.0, 3.0, 3.0] and len(s["cpus"]) == 1 for s in said.values())
 
 
+def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
+    """Inside a step, Slurm's task counts are the step's and its node list the job's: rrun said they
+    did not match. Now it says where it runs and what to do instead."""
+    result, output = batch(tmp_path, f"srun -N 1 -n 1 {RRUN} {PYTHON} -c pass", "-N", "2", "--ntasks-per-node=1")
+    said = output.read_text()
+    assert result.returncode == 2 and "Error: rrun runs inside an srun step (SLURM_STEP_ID=0, 1 task(s)), whose task " \
+        "counts (SLURM_TASKS_PER_NODE='1') are the step's" in said, said[-2000:]
+
+
 def test_a_torchrun_script_in_a_batch_script_runs_under_rrun_across_the_nodes(tmp_path):
     """tests/jobs/torch/torch_distributed.py on gloo, exec'd by rrun in a two-node allocation:
     torchrun's variables come from where Slurm placed the ranks, and DDP trains as one process."""
