@@ -102,8 +102,9 @@ def _knob_name(flag):
 @click.option("--nccl-ib-hca", metavar="HCA[:PORT][,...]",
               help="NCCL's InfiniBand devices (NCCL_IB_HCA, NCCL's syntax: mlx5_0,mlx5_1 or =mlx5_0:1 or ^mlx5_2). "
                    "Left to NCCL by default, which takes each GPU's nearest HCA.")
-@click.option("--bind-to", type=click.Choice(dialects.BIND_TO), default="none", show_default=True,
-              help="Bind each rank to a core, a socket or a NUMA node (the same under every MPI).")
+@click.option("--bind-to", type=click.Choice((*dialects.BIND_TO, "gpu")), default="none", show_default=True,
+              help="Bind each rank to a core, a socket or a NUMA node (the same under every MPI), or (gpu) to "
+                   "the CPUs near the GPU it drives, shared with the other ranks near them.")
 @click.option("--map-by", type=click.Choice(dialects.MAP_BY), default="slot", show_default=True,
               help="Place consecutive ranks by slot, core, socket, NUMA node or node.")
 @click.option("--report-bindings", is_flag=True, help="Each rank prints the CPUs it is bound to, before it starts.")
@@ -194,6 +195,8 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
            **environment(env_items, os.environ, knobs, secret_names.split(","))}
     if report_bindings:
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
+    if bind_to == "gpu":  # rrun's rank wrapper binds, from the GPUs' places; the MPI binds nothing
+        env[rank.BIND_TO_GPU_VARIABLE], bind_to = "1", "none"
     env[protocol.SECRET_VARIABLE] = protocol.new_secret()  # the link's and the commits' (docs/security.md)
     if settings is None:  # an elastic job's hosts change with each generation
         env.update(torchrun.rendezvous(placement, os.environ))

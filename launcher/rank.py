@@ -23,12 +23,14 @@ from ringreduce.launcher.protocol import (
     status_line,
 )
 from ringreduce.launcher.torchrun import rank_environment
+from ringreduce.machine import gpu_placement
 
 # Where each MPI and Slurm put the rank of the process they start.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 # SIGUSR1 is the preemption notice a job script passes on (ringreduce.stop_requested()).
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 REPORT_BINDINGS_VARIABLE = "RRUN_REPORT_BINDINGS"
+BIND_TO_GPU_VARIABLE = "RRUN_BIND_TO_GPU"
 # Where Open MPI and MPICH's Hydra put the number of ranks on this host.
 LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
@@ -39,13 +41,14 @@ def main(argv=None):
     rank = next((os.environ[v] for v in RANK_VARIABLES if v in os.environ), "?")
     env = dict(os.environ, **{WORLD_SIZE_VARIABLE: world_size})
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
-    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(env)))
     if rank.isdigit():
         for name, value in rank_environment(env, int(world_size), int(rank)).items():
             env.setdefault(name, value)
+    near = bind_to_gpu(env) if env.pop(BIND_TO_GPU_VARIABLE, None) else ""
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(env)))  # of the CPUs it is bound to by now
     if env.pop(REPORT_BINDINGS_VARIABLE, None):
-        cpus = sorted(os.sched_getaffinity(0))  # what mpiexec bound this process, and so the rank, to
-        sys.stderr.write(f"rrun: rank {rank} on {socket.gethostname()} is bound to CPUs {_ranges(cpus)}\n")
+        cpus = sorted(os.sched_getaffinity(0))  # what mpiexec (or --bind-to gpu) bound this process, and the rank, to
+        sys.stderr.write(f"rrun: rank {rank} on {socket.gethostname()} is bound to CPUs {_ranges(cpus)}{near}\n")
         sys.stderr.flush()
     try:
         child = subprocess.Popen(
@@ -81,6 +84,25 @@ def main(argv=None):
 def wrapped(world_size, command):
     """What mpiexec starts for each rank: this wrapper around the user's `command`."""
     return [sys.executable, "-m", "ringreduce.launcher.rank", str(world_size), "--", *command]
+
+
+def bind_to_gpu(env, sysfs="/sys"):
+    """`rrun --bind-to gpu`: bind this process (and so the rank) to the CPUs near the GPU it will
+    drive, shared with the host's other ranks near that GPU's CPUs (gpu_placement.cpus_for_gpu), and
+    number GPUs as sysfs does (CUDA_DEVICE_ORDER=PCI_BUS_ID). What --report-bindings adds."""
+    local_rank, local_size = int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1))
+    shown = gpu_placement.visible(gpu_placement.nvidia_gpus(sysfs), env.get("CUDA_VISIBLE_DEVICES"))
+    if not shown:
+        why = "CUDA_VISIBLE_DEVICES names GPUs by UUID" if shown is None else "no NVIDIA GPU in sysfs"
+        return f" (--bind-to gpu: {why}, so left as mpiexec placed it)"
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    chosen = gpu_placement.cpus_for_gpu(local_rank, local_size, [gpu_placement.local_cpus(b, sysfs) for b in shown],
+                                        frozenset(os.sched_getaffinity(0)))
+    if chosen is None:
+        return f" (--bind-to gpu: the CPUs near GPU {local_rank % len(shown)} are unknown, so left unbound)"
+    gpu, cpus = chosen
+    os.sched_setaffinity(0, cpus)
+    return f", near GPU {gpu} ({shown[gpu]})"
 
 
 def threads_per_rank(environ, mine=None, node=None):

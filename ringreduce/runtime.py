@@ -68,7 +68,7 @@ class Runtime:
         place, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
         selector = choice.select(config, place, engine_comm, host_comm, cross_comm, self.profile)
         if select_gpu:
-            gpu.select_device(place.local_rank)
+            gpu.select_device(host_comm)
         shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
         transport = gpu.choose_transport(config.gpu_transport, shared_bits)
         device_family = choice.device_family(transport, selector, engine_comm, config)

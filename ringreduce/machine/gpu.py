@@ -21,6 +21,7 @@ import os
 import sys
 
 from ringreduce.errors import GpuError
+from ringreduce.machine import gpu_placement
 
 NCCL, CUDA_AWARE_MPI = 1, 2
 _NAMES = {NCCL: "NCCL", CUDA_AWARE_MPI: "CUDA-aware MPI"}
@@ -65,18 +66,20 @@ def ready_event():
     return event
 
 
-def device_for(local_rank, device_count, current_device, visible_devices):
+def device_for(local_rank, device_count, current_device, visible_devices, placement=None):
     """The GPU this rank should use, or None to leave the user's choice alone.
 
     The user has chosen when CUDA_VISIBLE_DEVICES shows this rank a single GPU, or when the
-    current device is not the default 0 (they called set_device before init). Otherwise local
-    rank r takes GPU r (modulo the count, so more ranks than GPUs share them in turn).
+    current device is not the default 0 (they called set_device before init). Otherwise the GPU
+    `placement` gives the host's local rank r (gpu_placement.choose_devices: the one nearest the
+    CPUs it is bound to), or without one GPU r modulo the count (more ranks than GPUs share them
+    in turn).
     """
     if device_count == 0 or current_device != 0:
         return None
     if visible_devices is not None and len([d for d in visible_devices.split(",") if d.strip()]) == 1:
         return None
-    return local_rank % device_count
+    return placement[local_rank] if placement else local_rank % device_count
 
 
 def _cupy_at_init():
@@ -89,14 +92,24 @@ def _cupy_at_init():
     return cupy_or_none()
 
 
-def select_device(local_rank, environ=os.environ):
-    """At init: make `device_for`'s GPU CuPy's current device (and torch's, if it is loaded).
+def select_device(host_comm, environ=os.environ):
+    """At init, collective over the host's ranks (`host_comm`): make `device_for`'s GPU CuPy's
+    current device (and torch's, if it is loaded), the one nearest the CPUs each rank may run on.
     Returns the device index in use, or None where no GPU is usable."""
+    affinities = host_comm.allgather(frozenset(os.sched_getaffinity(0)))
     cupy = _cupy_at_init()
     if cupy is None:
         return None
-    device = device_for(local_rank, cupy.cuda.runtime.getDeviceCount(), cupy.cuda.Device().id,
-                        environ.get("CUDA_VISIBLE_DEVICES"))
+    count = cupy.cuda.runtime.getDeviceCount()
+    near = [gpu_placement.local_cpus(cupy.cuda.Device(index).pci_bus_id) for index in range(count)]
+    local_rank = host_comm.Get_rank()
+    if count < len(affinities) and local_rank == 0:
+        print(f"ringreduce: warning: {len(affinities)} ranks on this host see {count} GPU(s) "
+              f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): ranks share GPUs, and NCCL "
+              "refuses two ranks on one GPU (under Slurm, --gpus-per-task hides the others from mpiexec's step: "
+              "ask --gpus-per-node)", file=sys.stderr, flush=True)
+    device = device_for(local_rank, count, cupy.cuda.Device().id, environ.get("CUDA_VISIBLE_DEVICES"),
+                        gpu_placement.choose_devices(affinities, near))
     if device is not None:
         cupy.cuda.Device(device).use()
         torch = sys.modules.get("torch")  # loaded by the program already; never imported here

@@ -260,6 +260,17 @@ def test_binding_is_what_was_asked_and_reported(bind_to, separate, mpi_python):
         assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs ", job.stderr), job.stderr
 
 
+def test_bind_to_gpu_without_a_gpu_leaves_the_ranks_where_mpiexec_placed_them_and_says_so():
+    """The GPU side is tested on topologies as data (tests/unit/test_gpu_placement.py); here, that a
+    job asked to bind near GPUs on a host without one runs, unbound, and says why."""
+    job = run_job(2, "launcher/affinity.py", rrun_args=("--bind-to", "gpu", "--report-bindings"), timeout=60)
+    assert job.returncode == 0, job.stderr
+    assert [json.loads(job.lines_of(r)[0]) for r in range(2)] == [sorted(os.sched_getaffinity(0))] * 2
+    for rank in range(2):
+        assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs \S+ \(--bind-to gpu: no NVIDIA GPU in sysfs, "
+                         r"so left as mpiexec placed it\)", job.stderr), job.stderr
+
+
 @pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 0), (signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_a_preemption_notice_lets_every_rank_commit_and_exit(signum, status, mpi_python, tmp_path):
     """rrun passes SIGUSR1 on to every rank (a scheduler's notice, e.g. Slurm's --signal=B:USR1@120
