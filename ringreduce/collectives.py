@@ -197,12 +197,14 @@ def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
     return domain.ranks[handle.wait()]
 
 
-def stop_requested() -> bool:
+def stop_requested(within: float | None = None) -> bool:
     """True on every rank once any rank has been told to stop (SIGUSR1, which rrun passes on from a
-    scheduler's preemption notice; SIGTERM too once the program has asked). A collective: every
-    rank calls it at the same point, every N steps say, and on True commits a checkpoint and
-    exits, within the scheduler's grace period."""
-    flag = np.array([preemption.requested_here()], dtype=np.uint8)
+    scheduler's preemption notice; SIGTERM, from rrun or Slurm, once the program has asked), or,
+    with `within`, once the job's time limit (Slurm's SLURM_JOB_END_TIME) is at most `within`
+    seconds away on any rank: a loop that asks every few minutes still commits in time. A
+    collective: every rank calls it at the same point, and on True commits a checkpoint and exits,
+    within the scheduler's grace period."""
+    flag = np.array([preemption.near_end(within)], dtype=np.uint8)
     return bool(allreduce(flag, op=ops.Max, name="ringreduce.stop_requested")[0])
 
 

@@ -10,6 +10,7 @@ Signals the program handles itself are left alone.
 import os
 import signal
 import threading
+import time
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _received = None  # the stop signal this process got, if any
@@ -31,6 +32,23 @@ def requested_here():
     global _asked
     _asked = True
     return _received is not None
+
+
+def seconds_left(environ=os.environ, now=None):
+    """Seconds until the scheduler ends this job at its time limit (Slurm's projected end,
+    SLURM_JOB_END_TIME, a Unix time), or None where no limit is known."""
+    end = environ.get("SLURM_JOB_END_TIME", "")
+    if not end.isdigit() or int(end) == 0:
+        return None
+    return int(end) - (time.time() if now is None else now)
+
+
+def near_end(within, environ=os.environ, now=None):
+    """Is this process told to stop, or (`within` seconds given) is the job's end that close?"""
+    if requested_here():
+        return True
+    left = None if within is None else seconds_left(environ, now)
+    return left is not None and left <= within
 
 
 def _on_signal(signum, _frame):

@@ -98,3 +98,14 @@ def test_each_rank_threads_are_its_cpus_divided_among_the_ranks_that_share_them(
                                                                                threads):
     environ = {"MPI_LOCALNRANKS": str(local), **({"SLURM_CPUS_PER_TASK": cpus_per_task} if cpus_per_task else {})}
     assert rank.threads_per_rank(environ, mine, node) == threads
+
+
+def test_the_time_left_comes_from_slurm_s_projected_end():
+    from ringreduce.resilience import preemption
+
+    assert preemption.seconds_left({}, now=100.0) is None
+    assert preemption.seconds_left({"SLURM_JOB_END_TIME": "0"}, now=100.0) is None  # no limit
+    assert preemption.seconds_left({"SLURM_JOB_END_TIME": "400"}, now=100.0) == 300.0
+    assert preemption.near_end(300, {"SLURM_JOB_END_TIME": "400"}, now=100.0)
+    assert not preemption.near_end(299, {"SLURM_JOB_END_TIME": "400"}, now=100.0)
+    assert not preemption.near_end(None, {"SLURM_JOB_END_TIME": "400"}, now=399.0)  # only when asked with a margin

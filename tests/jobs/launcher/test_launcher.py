@@ -293,6 +293,20 @@ def test_a_preemption_notice_lets_every_rank_commit_and_exit(signum, status, mpi
                                                     f"[1]<stdout>:stopped at step {step}"]
 
 
+def test_a_loop_that_asks_with_a_margin_commits_before_the_job_s_time_limit(tmp_path):
+    """stop_requested(within=S) turns true on every rank, at one step, once Slurm's projected end of
+    the job (SLURM_JOB_END_TIME) is S seconds away, with no signal at all."""
+    end = int(time.time()) + 6
+    job = run_job(2, "launcher/preempted.py", tmp_path, 3, env={"SLURM_JOB_END_TIME": str(end)}, timeout=60)
+    finished = time.time()
+    assert job.returncode == 0, job.stderr[-2000:]
+    (saved,) = list(tmp_path.glob("checkpoint-*.rr"))
+    step = checkpoint.read(saved)["step"]
+    assert sorted(job.stdout.splitlines()[-2:]) == [f"[0]<stdout>:stopped at step {step}",
+                                                    f"[1]<stdout>:stopped at step {step}"]
+    assert end - 3 - 1 <= finished < end, (end, finished)  # stopped once 3 s were left, before the end
+
+
 def test_each_rank_gets_its_share_of_the_cores_as_omp_num_threads_unless_set():
     """Two unbound ranks share the CPUs the job may use (before, a job inside a cgroup smaller than
     the host gave every rank all of them); a value the user set is kept."""

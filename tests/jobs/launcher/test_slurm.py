@@ -91,7 +91,8 @@ def test_srun_starts_the_ranks_and_init_names_a_world_mpi_does_not_see():
     assert "srun started 2 tasks in this step but MPI reports a world of 1" in wrong.stderr, wrong.stderr[-3000:]
 
 
-def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path):
+@pytest.mark.parametrize("scancel_args", [["--signal=USR1", "--batch"], []], ids=["usr1-to-the-script", "scancel"])
+def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path, scancel_args):
     checkpoints = tmp_path / "checkpoints"
     result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/preempted.py {checkpoints}",
                            "-N", "2", "--ntasks-per-node=1", wait=False)
@@ -101,7 +102,7 @@ def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exi
     while not (output.exists() and "training" in output.read_text()):
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)
-    assert slurm("scancel", "--signal=USR1", "--batch", job).returncode == 0
+    assert slurm("scancel", *scancel_args, job).returncode == 0
     while slurm("squeue", "-h", "-j", job).stdout.strip():
         assert time.monotonic() < deadline + 60, "the job did not end after the notice"
         time.sleep(0.5)
