@@ -109,6 +109,10 @@ def _knob_name(flag):
               help="Place consecutive ranks by slot, core, socket, NUMA node or node.")
 @click.option("--report-bindings", is_flag=True, help="Each rank prints the CPUs it is bound to, before it starts.")
 @click.option("--mpi-args", default="", metavar="'ARGS'", help="Extra arguments for mpiexec.")
+@click.option("--launcher", type=click.Choice(["mpiexec", "srun"]), default="mpiexec", show_default=True,
+              envvar="RRUN_LAUNCHER",
+              help="What starts the ranks: the MPI's mpiexec, or (inside a Slurm allocation) srun with Slurm's "
+                   "CPU and GPU binding and PMI (pmix for Open MPI, pmi2 otherwise; --mpi-args passes srun's own).")
 @click.option("--mpiexec", "mpiexec_name", envvar="RRUN_MPIEXEC", metavar="PATH",
               help="mpiexec to use [default: from PATH, or RRUN_MPIEXEC].")
 @click.option("-x", "--env", "env_items", multiple=True, metavar="NAME[=VALUE]",
@@ -166,7 +170,7 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_hca, bind_to, map_by, report_bindings,
-         mpi_args, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain,
+         mpi_args, launcher, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain,
          strict_placement, skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script,
          slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command,
          **knobs):
@@ -189,8 +193,14 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
                                    heartbeat_seconds, commit_dir)
     else:
         num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ, strict_placement)
-    mpiexec = dialects.find_mpiexec(mpiexec_name)
-    dialect = dialects.dialect_of(mpiexec)
+    if launcher == "srun":
+        if settings is not None or host_list or hostfile:
+            raise LaunchError("--launcher srun places the ranks as the Slurm allocation does: give no -H, "
+                              "--hostfile or elastic options with it")
+        dialect, mpiexec = dialects.srun_launcher(os.environ, mpiexec_name)
+    else:
+        mpiexec = dialects.find_mpiexec(mpiexec_name)
+        dialect = dialects.dialect_of(mpiexec)
     env = {**fabric_environment(network_interface, net_device, nccl_ib_hca),
            **environment(env_items, os.environ, knobs, secret_names.split(","))}
     if report_bindings:
@@ -206,7 +216,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
         launch_of = functools.partial(dialects.launch, dialect, mpiexec)
         sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place).run())
     # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
-    from_slurm = placement is not None and not (host_list or hostfile)
+    from_slurm = launcher == "srun" or (placement is not None and not (host_list or hostfile))
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
     sys.exit(_run_with_restarts(job, functools.partial(dialects.launch, dialect, mpiexec), restarts,

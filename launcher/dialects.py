@@ -185,6 +185,49 @@ class IntelMPI(MPICH):
         return pinning
 
 
+class Srun:
+    """Slurm's srun as the launcher (`rrun --launcher srun`), where a site or a container wants srun
+    to start the tasks: it starts rrun's per-rank wrapper with Slurm's own CPU and GPU binding and
+    its PMI, so the ranks keep rrun's tagged output, the failing rank named, the link and torchrun's
+    variables. srun gives the tasks its whole environment (Slurm's default), where the job's
+    variables are; nothing goes on its command line but their absence."""
+
+    name = "srun"
+    _CPU_BIND = {"core": "cores", "socket": "sockets", "numa": "ldoms"}
+
+    def __init__(self, pmi: str = "pmi2") -> None:
+        self.pmi = pmi  # pmix for Open MPI, pmi2 for MPICH and Intel MPI
+
+    def command(self, srun, job):
+        args = [srun, "--ntasks", str(job.num_proc), "--kill-on-bad-exit=1"]
+        if not _passes(job, "--mpi"):
+            args.append(f"--mpi={self.pmi}")
+        if job.bind_to in self._CPU_BIND and not _passes(job, "--cpu-bind", "--cpu_bind"):
+            args.append(f"--cpu-bind={self._CPU_BIND[job.bind_to]}")  # else Slurm's own binding stands
+        if job.map_by == "node" and not _passes(job, "--distribution", "-m"):
+            args.append("--distribution=cyclic")
+        return args + job.mpi_args + job.rank_command
+
+    @staticmethod
+    def variables(job):
+        return dict(job.env)
+
+
+def srun_launcher(environ, mpiexec_named=None):
+    """(the Srun dialect, srun's path) for `--launcher srun`: inside a Slurm allocation only, with
+    the PMI of the MPI beside this Python (Open MPI: pmix; MPICH, Intel MPI or none found: pmi2)."""
+    if not environ.get("SLURM_JOB_ID"):
+        raise LaunchError("--launcher srun runs inside a Slurm allocation (a batch script, or salloc)")
+    srun = shutil.which("srun")
+    if srun is None:
+        raise LaunchError("--launcher srun: no srun on PATH (load the site's Slurm module)")
+    try:
+        dialect = dialect_of(find_mpiexec(mpiexec_named))
+    except LaunchError:
+        dialect = None
+    return Srun("pmix" if isinstance(dialect, OpenMPI) else "pmi2"), srun
+
+
 def detect(version_text):
     """The dialect that printed this `mpiexec --version`, or None."""
     if "Intel(R) MPI" in version_text:

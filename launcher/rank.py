@@ -31,8 +31,8 @@ RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 REPORT_BINDINGS_VARIABLE = "RRUN_REPORT_BINDINGS"
 BIND_TO_GPU_VARIABLE = "RRUN_BIND_TO_GPU"
-# Where Open MPI and MPICH's Hydra put the number of ranks on this host.
-LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+# Where Open MPI and MPICH's Hydra put the number of ranks on this host (torchrun's, from rrun's placement, under srun).
+LOCAL_SIZE_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE")
 
 
 def main(argv=None):

@@ -12,9 +12,12 @@ from ringreduce.launcher.dialects import (
     IntelMPI,
     JobSpec,
     OpenMPI,
+    Srun,
     detect,
     launch,
+    srun_launcher,
 )
+from ringreduce.launcher.errors import LaunchError
 
 RANK = ["python", "-m", "ringreduce.launcher.rank", "4", "--", "python", "train.py"]
 
@@ -173,3 +176,20 @@ def test_intel_mpi_keeps_the_job_script_s_own_pinning(monkeypatch):
     assert "I_MPI_PIN" not in launch(IntelMPI(), "mpiexec", job()).variables
     monkeypatch.delenv("I_MPI_PIN_DOMAIN")
     assert "I_MPI_PIN" not in launch(IntelMPI(), "mpiexec", job(env={"I_MPI_PIN_PROCESSOR_LIST": "0-3"})).variables
+
+
+def test_srun_as_the_launcher_starts_the_wrapper_with_slurm_s_pmi_and_binding():
+    assert Srun("pmi2").command("srun", job()) == ["srun", "--ntasks", "4", "--kill-on-bad-exit=1", "--mpi=pmi2",
+                                                   *RANK]
+    argv = Srun("pmix").command("srun", job(bind_to="numa", map_by="node"))
+    assert argv[3:7] == ["--kill-on-bad-exit=1", "--mpi=pmix", "--cpu-bind=ldoms", "--distribution=cyclic"], argv
+    given = Srun().command("srun", job(bind_to="core", mpi_args=["--mpi=pmi2", "--cpu-bind=map_cpu:0,2"]))
+    assert given.count("--mpi=pmi2") == 1 and not [a for a in given if a.startswith("--cpu-bind=cores")]
+    values = {"RINGREDUCE_JOB_SECRET": "f00d" * 16}
+    started = launch(Srun(), "srun", job(env=values))
+    assert started.variables == values and not [a for a in started.argv if "f00d" in a]
+
+
+def test_srun_as_the_launcher_needs_an_allocation():
+    with pytest.raises(LaunchError, match=r"--launcher srun runs inside a Slurm allocation"):
+        srun_launcher({})

@@ -109,3 +109,9 @@ def test_the_time_left_comes_from_slurm_s_projected_end():
     assert preemption.near_end(300, {"SLURM_JOB_END_TIME": "400"}, now=100.0)
     assert not preemption.near_end(299, {"SLURM_JOB_END_TIME": "400"}, now=100.0)
     assert not preemption.near_end(None, {"SLURM_JOB_END_TIME": "400"}, now=399.0)  # only when asked with a margin
+
+
+def test_srun_as_the_launcher_takes_no_hosts_of_its_own():
+    result = CliRunner().invoke(main, ["--launcher", "srun", "-H", "a:1", sys.executable, "-c", "pass"])
+    assert result.exit_code == 2, result.output
+    assert "--launcher srun places the ranks as the Slurm allocation does" in result.output

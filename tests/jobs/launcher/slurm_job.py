@@ -12,4 +12,5 @@ import ringreduce as rr
 rr.init()
 summed = rr.allreduce(np.full(3, rr.rank() + 1.0), op=rr.Sum, name="slurm")
 print(json.dumps({"host": socket.gethostname(), "rank": rr.rank(), "size": rr.size(), "sum": summed.tolist(),
-                  "cpus": sorted(os.sched_getaffinity(0))}), flush=True)
+                  "cpus": sorted(os.sched_getaffinity(0)), "local_rank": os.environ.get("LOCAL_RANK"),
+                  "group_rank": os.environ.get("GROUP_RANK")}), flush=True)

@@ -62,6 +62,24 @@ def test_a_batch_script_that_execs_rrun_runs_where_slurm_placed_it_without_ssh(t
     assert all(s["size"] == 2 and s["sum"] == [3.0, 3.0, 3.0] and len(s["cpus"]) == 1 for s in said.values())
 
 
+def test_rrun_with_srun_as_the_launcher_keeps_tagged_output_and_names_a_killed_rank(tmp_path):
+    """`rrun --launcher srun`: srun starts rrun's wrapper with Slurm's PMI (no mpiexec, no ssh), so
+    the lines carry the rank, torchrun's variables are set, and a rank killed on the other node is
+    named by rrun."""
+    result, output = batch(tmp_path, f"exec {RRUN} --launcher srun {PYTHON} {JOBS}/launcher/slurm_job.py",
+                           "-N", "2", "--ntasks-per-node=1")
+    assert result.returncode == 0, output.read_text()[-3000:] if output.exists() else result.stderr
+    said = ranks_said(output)
+    assert sorted(said) == [0, 1] and {s["host"] for s in said.values()} == {"hosta", "hostb"}
+    assert all(s["size"] == 2 and s["sum"] == [3.0, 3.0, 3.0] for s in said.values())
+    assert [said[r]["local_rank"] for r in (0, 1)] == ["0", "0"] and said[1]["group_rank"] == "1"
+    result, output = batch(tmp_path, f"exec {RRUN} --launcher srun {PYTHON} {JOBS}/launcher/misbehave.py sigkill",
+                           "-N", "2", "--ntasks-per-node=1")
+    assert result.returncode != 0
+    assert "rrun: rank 1 (on hostb) failed first: killed by signal 9 (SIGKILL)" in output.read_text(), \
+        output.read_text()[-2000:]
+
+
 def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
     """Inside a step, Slurm's task counts are the step's and its node list the job's: rrun said they
     did not match. Now it says where it runs and what to do instead."""
