@@ -176,8 +176,9 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
          **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
-    One rank per GPU: at init each rank takes GPU (local rank mod the host's GPU count), unless
-    CUDA_VISIBLE_DEVICES shows it one GPU or it chose a device itself before init.
+    One rank per GPU: at init each rank takes the GPU nearest the CPUs it may run on (local rank
+    mod the host's GPU count when unbound), unless CUDA_VISIBLE_DEVICES shows it one GPU or it
+    chose a device itself before init.
     """
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
