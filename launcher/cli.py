@@ -193,7 +193,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
                                    slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
                                    heartbeat_seconds, commit_dir)
     else:
-        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ, strict_placement)
+        num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ, strict_placement, launcher)
     if launcher == "srun":
         if settings is not None or host_list or hostfile:
             raise LaunchError("--launcher srun places the ranks as the Slurm allocation does: give no -H, "
@@ -305,7 +305,7 @@ def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, dis
                             commit_dir=commit_dir)
 
 
-def resolve_ranks(num_proc, host_list, hostfile, environ, strict_placement=False):
+def resolve_ranks(num_proc, host_list, hostfile, environ, strict_placement=False, launcher="mpiexec"):
     """How many ranks and where: -H or --hostfile, else a Slurm allocation (its layout's problems
     said, or refused with `strict_placement`), else this host."""
     if host_list and hostfile:
@@ -313,7 +313,7 @@ def resolve_ranks(num_proc, host_list, hostfile, environ, strict_placement=False
     given = hosts.parse_hosts(host_list) if host_list else hostfile and hosts.parse_hostfile(hostfile)
     if not given and num_proc is None:
         given = slurm.allocation(environ)
-        problems = slurm.layout_warnings(environ, given or [])
+        problems = slurm.layout_warnings(environ, given or [], by_srun=launcher == "srun")
         if problems and strict_placement:
             raise LaunchError(f"--strict-placement: {problems[0]}")
         for problem in problems:

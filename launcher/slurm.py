@@ -37,10 +37,16 @@ def allocation(environ):
     return [Host(name, count) for name, count in zip(names, counts, strict=True)]
 
 
-def layout_warnings(environ, hosts):
+def layout_warnings(environ, hosts, by_srun=False):
     """What in the allocation's layout makes a GPU job slow or leaves GPUs idle, one line each
-    (rrun prints them; --strict-placement refuses the job instead)."""
+    (rrun prints them; --strict-placement refuses the job instead). `by_srun`: srun starts the
+    ranks (rrun --launcher srun), each task with its own GPUs."""
     warnings = []
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "")
+    if per_task and not by_srun:
+        warnings.append(f"--gpus-per-task={per_task}: the step in which mpiexec starts its daemons has one task "
+                        f"per node, so it sees {per_task} GPU(s) per node and every rank of a node shares them; "
+                        f"ask --gpus-per-node instead (or use rrun --launcher srun)")
     counts = sorted({host.slots for host in hosts})
     if len(counts) > 1:
         warnings.append(f"the nodes run different numbers of ranks ({', '.join(map(str, counts))}; "

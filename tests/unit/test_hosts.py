@@ -99,6 +99,15 @@ def test_a_slurm_layout_that_slows_a_gpu_job_is_said_and_refused_when_strict(tas
         resolve_ranks(None, None, None, environ, strict_placement=True)
 
 
+def test_gpus_per_task_is_warned_about_unless_srun_starts_the_ranks(capsys):
+    environ = {**SLURM, "SLURM_GPUS_PER_TASK": "1"}
+    resolve_ranks(None, None, None, environ)
+    assert capsys.readouterr().err.startswith("rrun: warning: --gpus-per-task=1: the step in which mpiexec starts its "
+                                              "daemons has one task per node")
+    resolve_ranks(None, None, None, environ, launcher="srun")
+    assert capsys.readouterr().err == ""
+
+
 def test_np_inside_slurm_is_left_to_mpiexec_and_outside_slurm_runs_locally():
     assert resolve_ranks(3, None, None, SLURM) == (3, None)
     assert resolve_ranks(3, None, None, {}) == (3, None)

@@ -80,6 +80,43 @@ def test_rrun_with_srun_as_the_launcher_keeps_tagged_output_and_names_a_killed_r
         output.read_text()[-2000:]
 
 
+def test_an_uneven_layout_is_warned_about_and_refused_when_strict(tmp_path):
+    """Three tasks on two nodes: Slurm places 2 and 1 (SLURM_TASKS_PER_NODE=2,1)."""
+    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/slurm_job.py", "-N", "2", "-n", "3",
+                           "--oversubscribe")
+    said = output.read_text()
+    assert result.returncode == 0 and "rrun: warning: the nodes run different numbers of ranks (1, 2; " \
+        "SLURM_TASKS_PER_NODE=2,1)" in said, said[-2000:]
+    assert sorted(ranks_said(output)) == [0, 1, 2]
+    result, output = batch(tmp_path, f"exec {RRUN} --strict-placement {PYTHON} -c pass", "-N", "2", "-n", "3",
+                           "--oversubscribe")
+    assert result.returncode == 2 and "Error: --strict-placement: the nodes run different numbers of ranks" \
+        in output.read_text(), output.read_text()[-2000:]
+
+
+def test_a_heterogeneous_job_is_refused_in_one_line(tmp_path):
+    script, output = tmp_path / "het.sh", tmp_path / "het.out"
+    script.write_text(f"#!/bin/sh\nexec {RRUN} {PYTHON} -c pass\n")
+    result = slurm("sbatch", "--wait", "-o", str(output), "-N", "1", ":", "-N", "1", str(script), timeout=180)
+    assert result.returncode == 2, result.stderr
+    assert "Error: this is a heterogeneous Slurm job (SLURM_HET_SIZE=2)" in output.read_text(), output.read_text()
+
+
+def test_a_loop_asking_with_a_margin_commits_before_the_time_limit(tmp_path):
+    """--time=1: Slurm's projected end is a minute away; a loop asking stop_requested(within=50)
+    stops at one step on both nodes about 10 s in, long before Slurm's SIGTERM."""
+    checkpoints = tmp_path / "checkpoints"
+    started = time.monotonic()
+    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/preempted.py {checkpoints} 50",
+                           "-N", "2", "--ntasks-per-node=1", "--time=1")
+    assert result.returncode == 0, output.read_text()[-2000:]
+    stopped = [line for line in output.read_text().splitlines() if "stopped at step" in line]
+    assert len(stopped) == 2 and len({line.split(":", 1)[1] for line in stopped}) == 1, output.read_text()
+    assert time.monotonic() - started < 40
+    (saved,) = checkpoints.glob("checkpoint-*.rr")
+    assert checkpoint.read(saved)["step"] == int(stopped[0].rsplit(" ", 1)[1])
+
+
 def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
     """Inside a step, Slurm's task counts are the step's and its node list the job's: rrun said they
     did not match. Now it says where it runs and what to do instead."""
