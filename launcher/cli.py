@@ -206,6 +206,9 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
            **environment(env_items, os.environ, knobs, secret_names.split(","))}
     if report_bindings:
         env[rank.REPORT_BINDINGS_VARIABLE] = "1"
+    end = slurm.job_end_time(os.environ)
+    if end is not None:
+        env["SLURM_JOB_END_TIME"] = str(end)
     if bind_to == "gpu":  # rrun's rank wrapper binds, from the GPUs' places; the MPI binds nothing
         env[rank.BIND_TO_GPU_VARIABLE], bind_to = "1", "none"
     env[protocol.SECRET_VARIABLE] = protocol.new_secret()  # the link's and the commits' (docs/security.md)

@@ -2,6 +2,9 @@
 LaunchError that names the variable and the part it could not read."""
 
 import re
+import shutil
+import subprocess
+import time
 
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.hosts import Host
@@ -66,6 +69,23 @@ def layout_warnings(environ, hosts, by_srun=False):
                             f"(SLURM_TASKS_PER_NODE={environ['SLURM_TASKS_PER_NODE']}): ask "
                             f"--ntasks-per-node={here}")
     return warnings
+
+
+def job_end_time(environ, run=subprocess.run):
+    """The Unix time at which Slurm will end this job (its time limit), for the ranks'
+    stop_requested(within=...): SLURM_JOB_END_TIME where Slurm sets it (23.02 on), else asked of
+    squeue once, here, rather than by every rank; None outside Slurm, without a limit, or unknown."""
+    if not environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOB_END_TIME"):
+        return None
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None
+    try:
+        done = run([squeue, "-h", "-j", environ["SLURM_JOB_ID"], "-o", "%e"], capture_output=True, text=True,
+                   timeout=10, stdin=subprocess.DEVNULL)
+        return int(time.mktime(time.strptime(done.stdout.strip(), "%Y-%m-%dT%H:%M:%S")))
+    except (OSError, subprocess.TimeoutExpired, ValueError):  # no limit ("NONE"), or squeue failed
+        return None
 
 
 def expand_nodelist(text):

@@ -12,6 +12,20 @@ chown munge:munge /run/munge /var/log/munge /var/lib/munge
 [ -f /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null &&
                                 chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key)
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+# Two GPUs per node as generic resources, backed by placeholder device files (character devices
+# like /dev/null's, outside /dev so nothing takes them for NVIDIA's): Slurm allocates them and sets
+# CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE as it would for real ones.
+mkdir -p "$state/gpus"
+for host in hosta hostb; do
+    for index in 0 1; do
+        [ -e "$state/gpus/$host-$index" ] || mknod "$state/gpus/$host-$index" c 1 3
+    done
+done
+cat > "$state/gres.conf" <<GRES
+AutoDetect=off
+NodeName=hosta Name=gpu File=$state/gpus/hosta-[0-1]
+NodeName=hostb Name=gpu File=$state/gpus/hostb-[0-1]
+GRES
 cat > "$state/slurm.conf" <<CONFIG
 ClusterName=rrtest
 SlurmctldHost=hosta(10.213.7.1)
@@ -32,12 +46,14 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 JobCompType=jobcomp/none
+GresTypes=gpu
+SchedulerParameters=bf_interval=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 KillWait=10
 InactiveLimit=0
-NodeName=hosta NodeAddr=10.213.7.1 CPUs=2 RealMemory=1000 State=UNKNOWN
-NodeName=hostb NodeAddr=10.213.7.2 CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=hosta NodeAddr=10.213.7.1 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+NodeName=hostb NodeAddr=10.213.7.2 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 PartitionName=test Nodes=hosta,hostb Default=YES MaxTime=INFINITE State=UP
 CONFIG
 printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$state/cgroup.conf"

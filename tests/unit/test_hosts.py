@@ -139,3 +139,25 @@ def test_hostfiles_as_clusters_write_them(tmp_path):
     with pytest.raises(LaunchError, match=r"line 1 .*: slots=4 is more than max_slots=2"):
         parse_hostfile(path)
 
+
+
+def test_the_job_s_end_is_asked_of_squeue_once_where_slurm_does_not_set_it(monkeypatch):
+    import subprocess
+    import time
+
+    from ringreduce.launcher.slurm import job_end_time
+
+    asked = []
+
+    def squeue(argv, **_):
+        asked.append(argv[1:])
+        return subprocess.CompletedProcess(argv, 0, stdout="2026-12-07T02:43:23\n")
+
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
+    end = job_end_time(SLURM, run=squeue)
+    assert end == int(time.mktime((2026, 12, 7, 2, 43, 23, 0, 0, -1)))
+    assert asked == [["-h", "-j", "42", "-o", "%e"]]
+    assert job_end_time({**SLURM, "SLURM_JOB_END_TIME": "1796611403"}, run=squeue) is None  # Slurm's own
+    assert job_end_time({}, run=squeue) is None
+    unlimited = lambda argv, **_: subprocess.CompletedProcess(argv, 0, stdout="NONE\n")  # noqa: E731
+    assert job_end_time(SLURM, run=unlimited) is None

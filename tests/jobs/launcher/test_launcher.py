@@ -149,7 +149,8 @@ def test_a_secret_given_with_x_is_in_no_command_line_but_the_ranks_have_it(tmp_p
 def test_help_says_how_gpus_are_assigned_to_ranks():
     result = rrun("--help")
     assert result.returncode == 0, result.stderr
-    assert "each rank takes GPU (local rank mod the host's GPU count)" in " ".join(result.stdout.split())
+    assert ("each rank takes the GPU nearest the CPUs it may run on (local rank mod the host's GPU count when "
+            "unbound)") in " ".join(result.stdout.split())
 
 
 def test_check_build_reports_the_installation():
