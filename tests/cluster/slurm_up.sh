@@ -2,8 +2,8 @@
 # Slurm on the two-host test cluster of up.sh (run that first): munge, slurmctld on hosta and one
 # slurmd per host. Each slurmd runs in its host's network and host-name namespaces, so it is that
 # node; its own mount namespace (ip netns exec gives one) holds the cgroup v1 hierarchies slurmd
-# looks for (proctrack/linuxproc and task/none use none of them). The configuration lives in the
-# cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
+# looks for (proctrack/linuxproc, and task/affinity, which binds tasks with sched_setaffinity, use
+# none of them). The configuration lives in the cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
 # Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Prints "slurm up".
 set -eu
 state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}/slurm
@@ -40,7 +40,7 @@ SlurmdPidFile=$state/slurmd-%n.pid
 SlurmctldLogFile=$state/slurmctld.log
 SlurmdLogFile=$state/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none

@@ -13,4 +13,5 @@ rr.init()
 summed = rr.allreduce(np.full(3, rr.rank() + 1.0), op=rr.Sum, name="slurm")
 print(json.dumps({"host": socket.gethostname(), "rank": rr.rank(), "size": rr.size(), "sum": summed.tolist(),
                   "cpus": sorted(os.sched_getaffinity(0)), "local_rank": os.environ.get("LOCAL_RANK"),
-                  "group_rank": os.environ.get("GROUP_RANK")}), flush=True)
+                  "group_rank": os.environ.get("GROUP_RANK"), "threads": os.environ.get("OMP_NUM_THREADS")}),
+      flush=True)

@@ -150,6 +150,21 @@ def test_a_loop_asking_with_a_margin_commits_before_the_time_limit(tmp_path):
     assert checkpoint.read(saved)["step"] == int(stopped[0].rsplit(" ", 1)[1])
 
 
+@pytest.mark.parametrize("per_node, cpus_per_task", [(2, 1), (1, 2)])
+def test_under_srun_each_rank_keeps_slurm_s_binding_and_as_many_threads(tmp_path, per_node, cpus_per_task):
+    """The test cluster binds tasks (task/affinity): with --launcher srun each rank runs on the CPUs
+    Slurm gave its task, apart from the node's other ranks, with that many OpenMP threads."""
+    result, output = batch(tmp_path, f"exec {RRUN} --launcher srun {PYTHON} {JOBS}/launcher/slurm_job.py", "-N", "2",
+                           f"--ntasks-per-node={per_node}", f"--cpus-per-task={cpus_per_task}")
+    assert result.returncode == 0, output.read_text()[-3000:]
+    said = ranks_said(output)
+    assert sorted(said) == list(range(2 * per_node))
+    assert all(len(s["cpus"]) == cpus_per_task and s["threads"] == str(cpus_per_task) for s in said.values()), said
+    for host in ("hosta", "hostb"):
+        cpus = [cpu for s in said.values() if s["host"] == host for cpu in s["cpus"]]
+        assert len(cpus) == len(set(cpus)) == per_node * cpus_per_task, said
+
+
 def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
     """Inside a step, Slurm's task counts are the step's and its node list the job's: rrun said they
     did not match. Now it says where it runs and what to do instead."""
