@@ -67,9 +67,16 @@ class Runtime:
         config = self.config
         place, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
         selector = choice.select(config, place, engine_comm, host_comm, cross_comm, self.profile)
-        if select_gpu:
-            gpu.select_device(host_comm)
-        shared_bits = engine_comm.allreduce(gpu.local_capabilities(host_comm), op=MPI.BAND)
+        # GPUs belong to the real machine: with simulated hosts, its ranks are more than one "host".
+        machine_comm = (engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.rank)
+                        if config.simulated_hosts else host_comm)
+        try:
+            if select_gpu:
+                gpu.select_device(machine_comm)
+            shared_bits = engine_comm.allreduce(gpu.local_capabilities(machine_comm), op=MPI.BAND)
+        finally:
+            if machine_comm is not host_comm:
+                machine_comm.Free()
         transport = gpu.choose_transport(config.gpu_transport, shared_bits)
         device_family = choice.device_family(transport, selector, engine_comm, config)
         records = config.timeline and place.rank == 0 and ranks is None

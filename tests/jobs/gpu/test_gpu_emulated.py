@@ -26,6 +26,8 @@ def emulated(**variables):
     (2, {}, "nccl"),  # auto: every rank has NCCL and a GPU of its own
     (3, {"RINGREDUCE_GPU_TRANSPORT": "nccl"}, "nccl"),
     (2, {"EMULATED_CUPY_SHARED_GPU": "1"}, "staged"),  # two ranks on one GPU: NCCL would refuse them
+    # The same, as two simulated hosts: the GPU is still one (before, NCCL was chosen and failed there).
+    (2, {"EMULATED_CUPY_SHARED_GPU": "1", "RINGREDUCE_SIMULATED_HOSTS": "2"}, "staged"),
     # MPI takes the emulated device arrays (host memory) as buffers; the override says it may.
     (2, {"EMULATED_CUPY_SHARED_GPU": "1", "RINGREDUCE_CUDA_AWARE_MPI": "1"}, "mpi"),
     # Chunks of 1 KiB split the 4 KiB arrays, so the staged allreduce pipelines several.
