@@ -29,30 +29,47 @@ _NAMES = {NCCL: "NCCL", CUDA_AWARE_MPI: "CUDA-aware MPI"}
 
 @functools.cache
 def _load():
-    """(cupy, None) when CuPy runs a kernel on a GPU here, else (None, why not)."""
+    """(cupy, None) when CuPy imports and sees a GPU, else (None, why not). No kernel runs here: the
+    first one makes a context on the current device, which before init has chosen one is GPU 0
+    for every rank (8 contexts on one GPU; under the exclusive-process compute mode, a failure on
+    all ranks but one)."""
     if importlib.util.find_spec("cupy") is None:
         return None, "CuPy is not installed (pip install ringreduce[gpu])"
     try:
         import cupy
 
-        cupy.cuda.runtime.getDeviceCount()
-        cupy.zeros(1).sum().item()  # the first use is where a missing driver shows
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return None, "CuPy sees no GPU here"
     except Exception as error:  # ImportError, CUDARuntimeError, a CuPy built for another CUDA
         return None, f"CuPy cannot use a GPU here: {type(error).__name__}: {error}"
     return cupy, None
 
 
+@functools.cache
+def _usable():
+    """_load(), and a kernel run on the current device (the first use is where a missing driver, or
+    a GPU another process holds, shows): asked once the device is chosen."""
+    cupy, why = _load()
+    if cupy is None:
+        return None, why
+    try:
+        cupy.zeros(1).sum().item()
+    except Exception as error:
+        return None, f"CuPy cannot use a GPU here: {type(error).__name__}: {error}"
+    return cupy, None
+
+
 def cupy_or_none():
-    return _load()[0]
+    return _usable()[0]
 
 
 def unavailable_reason():
     """Why CuPy cannot be used here, or None when it can."""
-    return _load()[1]
+    return _usable()[1]
 
 
 def require_cupy(what="a GPU array"):
-    cupy, why = _load()
+    cupy, why = _usable()
     if cupy is None:
         raise GpuError(f"{what} needs a working CuPy and GPU: {why}")
     return cupy
@@ -82,14 +99,14 @@ def device_for(local_rank, device_count, current_device, visible_devices, placem
     return placement[local_rank] if placement else local_rank % device_count
 
 
-def _cupy_at_init():
+def _cupy_at_init(probe=True):
     """CuPy for init's choices: where the program has imported it already, or where the machine
     shows an NVIDIA device; elsewhere it is not even imported (that alone would cost every rank
-    of a CPU job a second)."""
+    of a CPU job a second). `probe`: run a kernel on the current device to be sure it works."""
     if "cupy" not in sys.modules and not (
             glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")):
         return None
-    return cupy_or_none()
+    return cupy_or_none() if probe else _load()[0]
 
 
 def select_device(host_comm, environ=os.environ):
@@ -97,7 +114,7 @@ def select_device(host_comm, environ=os.environ):
     current device (and torch's, if it is loaded), the one nearest the CPUs each rank may run on.
     Returns the device index in use, or None where no GPU is usable."""
     affinities = host_comm.allgather(frozenset(os.sched_getaffinity(0)))
-    cupy = _cupy_at_init()
+    cupy = _cupy_at_init(probe=False)  # no kernel before the device is chosen
     if cupy is None:
         return None
     count = cupy.cuda.runtime.getDeviceCount()
@@ -115,7 +132,7 @@ def select_device(host_comm, environ=os.environ):
         torch = sys.modules.get("torch")  # loaded by the program already; never imported here
         if torch is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)
-    return cupy.cuda.Device().id
+    return cupy.cuda.Device().id if cupy_or_none() is not None else None
 
 
 def local_capabilities(host_comm):
@@ -179,7 +196,7 @@ def choose_transport(requested, shared_bits):
 
 def report_lines():
     """What --check-build shows about GPUs (MPI is initialized as a single process)."""
-    cupy, why = _load()
+    cupy, why = _usable()
     if cupy is None:
         return [f"    [ ] GPU arrays: {why}"]
     count = cupy.cuda.runtime.getDeviceCount()

@@ -42,6 +42,22 @@ def test_every_collective_on_emulated_cupy_arrays(tmp_path, ranks, variables, tr
         gpu_cases.check(got, rank, ranks)
 
 
+def test_each_rank_makes_a_context_on_its_own_gpu_only(tmp_path):
+    """Two GPUs in exclusive-process mode (each takes one process's context): every rank used to
+    probe CuPy with a kernel on GPU 0 before init chose its device, so rank 1 failed there and was
+    left without a GPU for the job. Now each rank's first kernel runs on its own GPU."""
+    claims = tmp_path / "contexts"
+    claims.mkdir()
+    job = run_job(2, "gpu/gpu.py", tmp_path, env=emulated(EMULATED_CUPY_DEVICES="2",
+                                                          EMULATED_CUPY_EXCLUSIVE_DIR=str(claims)), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert sorted(path.name for path in claims.iterdir()) == ["device-0", "device-1"]
+    for rank in range(2):
+        got = np.load(tmp_path / f"rank{rank}.npz")
+        assert str(got["transport"]) == "nccl"
+        gpu_cases.check(got, rank, 2)
+
+
 def test_numpy_on_one_rank_and_emulated_cupy_on_the_other_is_named_on_both(tmp_path):
     gpu_cases.check_mismatch(run_job(2, "gpu/gpu.py", tmp_path, "mismatch", env=emulated(), timeout=120))
 

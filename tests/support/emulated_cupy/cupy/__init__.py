@@ -42,6 +42,7 @@ class _Pointer:
 
 
 def _on_device(array):
+    cuda.make_context()
     return array.view(ndarray)
 
 

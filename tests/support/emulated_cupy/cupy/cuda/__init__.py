@@ -1,6 +1,12 @@
 """cupy.cuda, emulated: one device per process, as when each rank sees its own GPU (or, with
 EMULATED_CUPY_SHARED_GPU=1, every rank on the same one), streams and events that are always
-complete, and copies that are memmoves."""
+complete, and copies that are memmoves.
+
+EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead (a node's), with a current
+device that Device(i).use() sets; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
+context of one process only, as under the exclusive-process compute mode: the first array a
+process makes on a device claims it (a file in DIR), and another process's first array there
+fails, as CUDA's cudaErrorDevicesUnavailable."""
 
 import contextlib
 import ctypes
@@ -8,25 +14,52 @@ import os
 
 from cupy.cuda import nccl  # noqa: F401  (cupy.cuda.nccl, as CuPy has it)
 
+_DEVICES = int(os.environ.get("EMULATED_CUPY_DEVICES", "0"))
 _BUS_ID = "emulated-0" if os.environ.get("EMULATED_CUPY_SHARED_GPU") == "1" else f"emulated-{os.getpid()}"
+_current = 0
+_contexts = set()  # the devices this process has made a context on
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+def make_context():
+    """What a kernel or an allocation does first on the current device: make this process's context."""
+    if _current in _contexts:
+        return
+    claims = os.environ.get("EMULATED_CUPY_EXCLUSIVE_DIR")
+    if claims:
+        try:
+            os.close(os.open(os.path.join(claims, f"device-{_current}"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            raise CUDARuntimeError(f"cudaErrorDevicesUnavailable: device {_current} is in exclusive-process "
+                                   "mode and another process has a context on it") from None
+    _contexts.add(_current)
 
 
 class Device:
-    pci_bus_id = _BUS_ID
+    def __init__(self, device=None):
+        self.id = _current if device is None else device
 
-    def __init__(self, device=0):
-        self.id = device
+    @property
+    def pci_bus_id(self):
+        return f"0000:{self.id + 1:02x}:00.0" if _DEVICES else _BUS_ID
 
     def use(self):
-        pass
+        global _current
+        _current = self.id
 
     def synchronize(self):
         pass
 
     def __enter__(self):
+        self._previous = _current
+        self.use()
         return self
 
     def __exit__(self, *exc):
+        Device(self._previous).use()
         return False
 
 
@@ -60,9 +93,11 @@ class Stream(contextlib.nullcontext):
 class runtime:  # noqa: N801  (CuPy's name)
     memcpyHostToDevice, memcpyDeviceToHost = 1, 2
 
+    CUDARuntimeError = CUDARuntimeError
+
     @staticmethod
     def getDeviceCount():  # noqa: N802
-        return 1
+        return _DEVICES or 1
 
     @staticmethod
     def getDeviceProperties(device):  # noqa: N802
