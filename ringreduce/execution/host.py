@@ -165,6 +165,8 @@ class Executor:
         received_rows = np.empty(self.size, dtype=np.int64)
         unit = list(range(self.size + 1))
         self.algorithms.alltoallv(send_rows, unit, received_rows, unit)
+        if request.ready is not None:  # a device input: read once the caller's stream has made it
+            request.ready.synchronize()
         array = to_host(request.input)
         row_size = math.prod(array.shape[1:])
         send = np.ascontiguousarray(array).reshape(-1)

@@ -33,18 +33,24 @@ def to_host(array):
 
 
 def like(host, model):
-    """`host` as an array of the same kind as `model` (copied to the GPU for a CuPy model)."""
-    return module_of(model).asarray(host) if on_device(model) else host
+    """`host` as an array of the same kind as `model` (copied to the GPU for a CuPy model, on the
+    model's GPU: the engine thread's current device may be another)."""
+    if not on_device(model):
+        return host
+    with model.device:
+        return module_of(model).asarray(host)
 
 
 def device_copy(array):
     """A new C-contiguous copy of a CuPy array, on its GPU."""
-    return module_of(array).array(array, order="C", copy=True)
+    with array.device:
+        return module_of(array).array(array, order="C", copy=True)
 
 
 def new_like(array, shape=None):
     """An uninitialized result of `array`'s kind and dtype (host results come from RECYCLER)."""
     shape = array.shape if shape is None else shape
     if on_device(array):
-        return module_of(array).empty(shape, dtype=array.dtype)
+        with array.device:
+            return module_of(array).empty(shape, dtype=array.dtype)
     return RECYCLER.empty(shape, array.dtype)

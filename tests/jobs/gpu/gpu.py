@@ -65,6 +65,8 @@ out["broadcast_"] = target.get()
 out["reducescatter"] = on_gpu(rr.reducescatter(cupy.asarray(cases.values(rank, "float32", 5 * 3).reshape(5, 3)),
                                                op=rr.Sum))
 out["alltoall"] = on_gpu(rr.alltoall(cupy.asarray(np.full((2 * size, 2), rank, np.int64))))
+# Waited for while the engine thread runs it (the plain call above may run on this thread).
+out["alltoall-async"] = on_gpu(rr.synchronize(rr.alltoall_async(cupy.asarray(np.full((2 * size, 2), rank, np.int64)))))
 # PowerSGD on the GPU, at a rank at which it is exact.
 gradients = {"w": cupy.asarray(gpu_cases.low_rank_matrix(rank)), "b": cupy.asarray(cases.values(rank, "float32", 10))}
 PowerSGD(matrix_approximation_rank=2, start_powerSGD_iter=0).average(gradients)

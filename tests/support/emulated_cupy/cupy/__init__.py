@@ -22,9 +22,12 @@ class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
     def data(self):
         return _Pointer(self.ctypes.data)
 
+    def __array_finalize__(self, obj):
+        self._device = getattr(obj, "_device", None)  # a view's, or set by _on_device
+
     @property
     def device(self):
-        return cuda.Device()
+        return cuda.Device(self._device)
 
     def set(self, values):
         self[...] = values
@@ -42,8 +45,11 @@ class _Pointer:
 
 
 def _on_device(array):
+    """A new device array, on the calling thread's current device."""
     cuda.make_context()
-    return array.view(ndarray)
+    array = array.view(ndarray)
+    array._device = cuda.current()
+    return array
 
 
 def empty(shape, dtype=float):

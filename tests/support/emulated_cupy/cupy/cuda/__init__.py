@@ -3,7 +3,8 @@ EMULATED_CUPY_SHARED_GPU=1, every rank on the same one), streams and events that
 complete, and copies that are memmoves.
 
 EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead (a node's), with a current
-device that Device(i).use() sets; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
+device per thread, as CUDA's, that Device(i).use() sets, and arrays made on the current device of
+the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
 context of one process only, as under the exclusive-process compute mode: the first array a
 process makes on a device claims it (a file in DIR), and another process's first array there
 fails, as CUDA's cudaErrorDevicesUnavailable."""
@@ -11,13 +12,18 @@ fails, as CUDA's cudaErrorDevicesUnavailable."""
 import contextlib
 import ctypes
 import os
+import threading
 
 from cupy.cuda import nccl  # noqa: F401  (cupy.cuda.nccl, as CuPy has it)
 
 _DEVICES = int(os.environ.get("EMULATED_CUPY_DEVICES", "0"))
 _BUS_ID = "emulated-0" if os.environ.get("EMULATED_CUPY_SHARED_GPU") == "1" else f"emulated-{os.getpid()}"
-_current = 0
+_threads = threading.local()  # .device: the calling thread's current device, 0 until it sets one
 _contexts = set()  # the devices this process has made a context on
+
+
+def current():
+    return getattr(_threads, "device", 0)
 
 
 class CUDARuntimeError(RuntimeError):
@@ -26,35 +32,35 @@ class CUDARuntimeError(RuntimeError):
 
 def make_context():
     """What a kernel or an allocation does first on the current device: make this process's context."""
-    if _current in _contexts:
+    device = current()
+    if device in _contexts:
         return
     claims = os.environ.get("EMULATED_CUPY_EXCLUSIVE_DIR")
     if claims:
         try:
-            os.close(os.open(os.path.join(claims, f"device-{_current}"), os.O_CREAT | os.O_EXCL))
+            os.close(os.open(os.path.join(claims, f"device-{device}"), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
-            raise CUDARuntimeError(f"cudaErrorDevicesUnavailable: device {_current} is in exclusive-process "
+            raise CUDARuntimeError(f"cudaErrorDevicesUnavailable: device {device} is in exclusive-process "
                                    "mode and another process has a context on it") from None
-    _contexts.add(_current)
+    _contexts.add(device)
 
 
 class Device:
     def __init__(self, device=None):
-        self.id = _current if device is None else device
+        self.id = current() if device is None else int(getattr(device, "id", device))
 
     @property
     def pci_bus_id(self):
         return f"0000:{self.id + 1:02x}:00.0" if _DEVICES else _BUS_ID
 
     def use(self):
-        global _current
-        _current = self.id
+        _threads.device = self.id
 
     def synchronize(self):
         pass
 
     def __enter__(self):
-        self._previous = _current
+        self._previous = current()
         self.use()
         return self
 
