@@ -3,7 +3,9 @@ the baseline that RINGREDUCE_ALGORITHM=mpi selects and the benchmarks compare ag
 
 They are started non-blocking and waited as ringreduce waits for its own messages (wait_all),
 polled for longer before it sleeps (COLLECTIVE_YIELD_SECONDS), so a rank waiting in one neither
-spins a core nor misses a partner that has left. Small allreduces, where the call
+spins a core nor misses a partner that has left. Device buffers (a CUDA-aware MPI) go to the
+blocking calls instead: Open MPI documents its nonblocking collectives as not CUDA-aware, while its
+CUDA support query answers yes. Small allreduces, where the call
 itself is what costs, run as persistent allreduces on buffers of their own, one per count, dtype
 and op seen (the last PERSISTENT_KEPT of them), with the array copied in and out.
 """
@@ -13,7 +15,7 @@ import collections
 import numpy as np
 from mpi4py import MPI
 
-from ringreduce.machine.backends import new_like
+from ringreduce.machine.backends import new_like, on_device
 from ringreduce.machine.transport import COLLECTIVE_YIELD_SECONDS, PersistentAllreduce, wait_all
 from ringreduce.ops import ReduceOp
 
@@ -33,8 +35,12 @@ def _typed(buf):
     return buf.view(np.uint8) if buf.dtype == np.bool_ else buf
 
 
-def _wait(requests):
-    wait_all(requests, COLLECTIVE_YIELD_SECONDS)
+def _run(buf, blocking, nonblocking, *args):
+    """One collective of `buf`: started nonblocking and waited for, or blocking for a device buffer."""
+    if on_device(buf):
+        blocking(*args)
+    else:
+        wait_all([nonblocking(*args)], COLLECTIVE_YIELD_SECONDS)
 
 
 class MPIAlgorithms:
@@ -53,7 +59,7 @@ class MPIAlgorithms:
         persistent = self._persistent_for(_typed(buf), op) if buf.nbytes < self.persistent_below else None
         if persistent is None:
             send = MPI.IN_PLACE if source is None else _typed(source)
-            _wait([self.comm.Iallreduce(send, _typed(buf), _MPI_OPS[op])])
+            _run(buf, self.comm.Allreduce, self.comm.Iallreduce, send, _typed(buf), _MPI_OPS[op])
         else:
             run, fixed = persistent
             np.copyto(fixed, _typed(buf if source is None else source))
@@ -88,7 +94,8 @@ class MPIAlgorithms:
         counts = np.diff(offsets).tolist()
         result = new_like(buf, (counts[self.comm.rank],))  # on the GPU for a CUDA-aware MPI's device buffers
         send = buf if source is None else source
-        _wait([self.comm.Ireduce_scatter(_typed(send), _typed(result), counts, _MPI_OPS[op])])
+        _run(buf, self.comm.Reduce_scatter, self.comm.Ireduce_scatter, _typed(send), _typed(result), counts,
+             _MPI_OPS[op])
         return result
 
     def allgather(self, buf, offsets):
@@ -96,12 +103,12 @@ class MPIAlgorithms:
         counts = [c * itemsize for c in np.diff(offsets).tolist()]
         displacements = [o * itemsize for o in offsets[:-1]]
         spec = [buf, counts, displacements, MPI.BYTE]
-        _wait([self.comm.Iallgatherv(MPI.IN_PLACE, spec)])
+        _run(buf, self.comm.Allgatherv, self.comm.Iallgatherv, MPI.IN_PLACE, spec)
 
     def broadcast(self, buf, root, source=None):
         if source is not None:
             buf[...] = source
-        _wait([self.comm.Ibcast([buf, MPI.BYTE], root)])
+        _run(buf, self.comm.Bcast, self.comm.Ibcast, [buf, MPI.BYTE], root)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
         itemsize = send.dtype.itemsize
@@ -110,4 +117,4 @@ class MPIAlgorithms:
             counts = [c * itemsize for c in np.diff(offsets).tolist()]
             return [buf, counts, [o * itemsize for o in offsets[:-1]], MPI.BYTE]
 
-        _wait([self.comm.Ialltoallv(spec(send, send_offsets), spec(recv, recv_offsets))])
+        _run(send, self.comm.Alltoallv, self.comm.Ialltoallv, spec(send, send_offsets), spec(recv, recv_offsets))

@@ -380,3 +380,47 @@ def test_every_family_offers_its_contract_with_its_parameters(family, protocol):
             assert list(inspect.signature(getattr(family, name)).parameters) == parameters, (family, name)
     if protocol is HostFamily:
         assert isinstance(family.reads_concatenation, bool) and isinstance(family.reduces_any_dtype, bool)
+
+
+class _CallLog:
+    """An MPI communicator that records which of its collectives were called (and does nothing)."""
+
+    rank, size = 0, 2
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append(name)
+            return _Done()
+        return call
+
+
+class _Done:
+    def Test(self):  # noqa: N802 - mpi4py's name
+        return True
+
+
+_DeviceArray = type("ndarray", (np.ndarray,), {"__module__": "cupy"})  # what the backends take for CuPy's
+
+
+@pytest.mark.parametrize("on_gpu, expected", [
+    (False, ["Iallreduce", "Ireduce_scatter", "Iallgatherv", "Ibcast", "Ialltoallv"]),
+    (True, ["Allreduce", "Reduce_scatter", "Allgatherv", "Bcast", "Alltoallv"]),
+])
+def test_mpi_s_own_collectives_block_on_device_buffers(on_gpu, expected, monkeypatch):
+    """Open MPI's nonblocking collectives are not CUDA-aware although it answers the CUDA query with
+    yes: device buffers went to Iallreduce and the rest, which read them as host memory."""
+    monkeypatch.setattr("ringreduce.algorithms.mpi_native.wait_all", lambda requests, _: None)
+    monkeypatch.setattr("ringreduce.algorithms.mpi_native.new_like", lambda buf, shape: np.empty(shape, buf.dtype))
+    comm = _CallLog()
+    family = MPIAlgorithms(type("Transport", (), {"comm": comm})())
+    buf = np.zeros(8, np.float32)
+    buf = buf.view(_DeviceArray) if on_gpu else buf
+    family.allreduce(buf, ReduceOp.SUM)
+    family.reducescatter(buf, [0, 4, 8], ReduceOp.SUM)
+    family.allgather(buf, [0, 4, 8])
+    family.broadcast(buf, 0)
+    family.alltoallv(buf, [0, 4, 8], buf.copy(), [0, 4, 8])
+    assert comm.calls == expected
