@@ -176,9 +176,12 @@ def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
 
 def test_a_torchrun_script_in_a_batch_script_runs_under_rrun_across_the_nodes(tmp_path):
     """tests/jobs/torch/torch_distributed.py on gloo, exec'd by rrun in a two-node allocation:
-    torchrun's variables come from where Slurm placed the ranks, and DDP trains as one process."""
+    torchrun's variables come from where Slurm placed the ranks, and DDP trains as one process.
+    Each task gets both of its node's CPUs: bound to one, with the machine busy, rank 1 sometimes
+    aborted in torch's teardown after rank 0, which hosts the TCPStore under rrun, had exited
+    (docs/torch_distributed.md)."""
     result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/torch/torch_distributed.py {tmp_path} gloo",
-                           "-N", "2", "--ntasks-per-node=1")
+                           "-N", "2", "--ntasks-per-node=1", "--cpus-per-task=2")
     assert result.returncode == 0, output.read_text()[-3000:] if output.exists() else result.stderr
     torch_cases.assert_torchrun_across_two_hosts(
         [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)])
