@@ -9,9 +9,15 @@
 #      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging;
 #   5. with the time left, the cost model's held-out check on one host at 4 and 8 ranks, each on a
 #      core of its own (this 2-core project VM can only run them crowded): cost_model.jsonl.
-# Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log (also written to $OUT when set).
+# Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log, copied to $OUT (when set) after every
+# step, so a run cut short keeps what it measured.
 # Every step has a time limit, cut to what is left of 7.5 minutes, so the check ends within 8.
+#   --dry-run: on a machine without a GPU, walk every step with the emulated CuPy
+#   (tests/support/emulated_cupy), the smallest sizes and no install, into a temporary folder:
+#   a check of the script itself, in under a minute. Its numbers mean nothing.
 set -uo pipefail
+DRY_RUN=0
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
 END=$((SECONDS + 450))
 limit() {  # the smaller of $1 seconds and what is left (at least 5)
   local left=$((END - SECONDS))
@@ -20,18 +26,38 @@ limit() {  # the smaller of $1 seconds and what is left (at least 5)
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DAY=$(date -u +%Y-%m-%d)
-JSON=benchmarks/results/gpu-$DAY.json
-LOG=benchmarks/results/gpu-$DAY.log
+RESULTS=benchmarks/results
 MAX_MIB=${GPU_CHECK_MAX_MIB:-1024}
-mkdir -p benchmarks/results
+SECONDS_PER_POINT=0.3
+if ((DRY_RUN)); then
+  RESULTS=$(mktemp -d)
+  MAX_MIB=1
+  SECONDS_PER_POINT=0.01
+  # One GPU, as on the machine the check is for.
+  export PYTHONPATH="$PWD/tests/support/emulated_cupy${PYTHONPATH:+:$PYTHONPATH}" RINGREDUCE_CUDA_AWARE_MPI=1 \
+    EMULATED_CUPY_SHARED_GPU=1
+fi
+JSON=$RESULTS/gpu-$DAY.json
+LOG=$RESULTS/gpu-$DAY.log
+mkdir -p "$RESULTS"
 rm -f "$JSON"
 exec > >(tee "$LOG" ${OUT:+"$OUT/gpu-$DAY.log"}) 2>&1
 export PYTHONUNBUFFERED=1
+save() {  # what has been measured so far, into $OUT
+  if [ -n "${OUT:-}" ]; then
+    for file in "$JSON" "$RESULTS/cost_model.jsonl"; do [ -f "$file" ] && cp "$file" "$OUT"/; done
+  fi
+  return 0
+}
 
-echo "== install (offline)"
-ls .wheels/*.whl >/dev/null || { echo "no wheels in .wheels/: run 'make gpu-wheels' where there is network"; exit 1; }
-timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --force-reinstall .wheels/*.whl || exit 1
-timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+if ((DRY_RUN)); then
+  echo "== dry run: the emulated CuPy, results in $RESULTS"
+else
+  echo "== install (offline)"
+  ls .wheels/*.whl >/dev/null || { echo "no wheels in .wheels/: run 'make gpu-wheels' where there is network"; exit 1; }
+  timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --force-reinstall .wheels/*.whl || exit 1
+  timeout "$(limit 120)" "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+fi
 PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 export PATH
 nvidia-smi -L || true
@@ -42,10 +68,11 @@ timeout "$(limit 60)" rrun --check-build
 echo "== GPU tests"
 timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/jobs/gpu/test_gpu.py tests/unit/test_gpu_logic.py
 tests=$?
+save
 
 echo "== the synthetic training example on the GPU (gradients allreduced on the GPU)"
 for ranks in 1 2; do
-  timeout "$(limit 60)" rrun -np "$ranks" "$PYTHON" examples/pytorch_synthetic_benchmark.py --num-iters 3 \
+  timeout "$(limit 60)" rrun -np "$ranks" "$PYTHON" examples/pytorch_synthetic_benchmark.py --num-iters $((DRY_RUN ? 1 : 3)) \
     || echo "(the example failed at $ranks rank(s))"
 done
 
@@ -54,7 +81,8 @@ for ranks in 1 2; do
   for transport in nccl mpi staged; do
     echo "-- $ranks rank(s), $transport"
     timeout "$(limit 90)" rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
-      --max-mib "$MAX_MIB" || echo "(not run: $transport at $ranks rank(s), see above)"
+      --max-mib "$MAX_MIB" --seconds-per-point "$SECONDS_PER_POINT" || echo "(not run: $transport at $ranks rank(s), see above)"
+    save
   done
 done
 
@@ -62,15 +90,12 @@ echo "== the cost model on this machine's cores (two-rank probe; 4 and 8 ranks h
 CORES=$(nproc)
 LABEL="GPU machine's host, $CORES cores, a core per rank, $DAY"
 for ranks in 4 8; do
-  if ((ranks > CORES || END - SECONDS < 45)); then echo "-- $ranks ranks: not run ($CORES cores, $((END - SECONDS)) s left)"; continue; fi
+  if ((DRY_RUN || ranks > CORES || END - SECONDS < 45)); then echo "-- $ranks ranks: not run ($CORES cores, $((END - SECONDS)) s left)"; continue; fi
   timeout "$(limit 75)" rrun -np "$ranks" "$PYTHON" benchmarks/cost_model.py --rounds 2 --max-bytes $((64 << 20)) \
     --label "$LABEL" || echo "(the cost model at $ranks ranks did not finish)"
 done
-timeout "$(limit 30)" "$PYTHON" benchmarks/cost_model_summary.py --label "$LABEL"
+((DRY_RUN)) || timeout "$(limit 30)" "$PYTHON" benchmarks/cost_model_summary.py --label "$LABEL"
 
-if [ -n "${OUT:-}" ]; then
-  cp benchmarks/results/cost_model.jsonl "$OUT"/
-  if [ -f "$JSON" ]; then cp "$JSON" "$OUT"/; fi
-fi
+save
 echo "== tests exit status: $tests"
 exit "$tests"

@@ -35,12 +35,13 @@ def _typed(buf):
     return buf.view(np.uint8) if buf.dtype == np.bool_ else buf
 
 
-def _run(buf, blocking, nonblocking, *args):
-    """One collective of `buf`: started nonblocking and waited for, or blocking for a device buffer."""
+def _run(comm, buf, name, *args):
+    """Collective `name` (Allreduce, ...) of `buf`: its nonblocking form (Iallreduce, ...) started and
+    waited for, or the blocking one for a device buffer."""
     if on_device(buf):
-        blocking(*args)
+        getattr(comm, name)(*args)
     else:
-        wait_all([nonblocking(*args)], COLLECTIVE_YIELD_SECONDS)
+        wait_all([getattr(comm, "I" + name[0].lower() + name[1:])(*args)], COLLECTIVE_YIELD_SECONDS)
 
 
 class MPIAlgorithms:
@@ -59,7 +60,7 @@ class MPIAlgorithms:
         persistent = self._persistent_for(_typed(buf), op) if buf.nbytes < self.persistent_below else None
         if persistent is None:
             send = MPI.IN_PLACE if source is None else _typed(source)
-            _run(buf, self.comm.Allreduce, self.comm.Iallreduce, send, _typed(buf), _MPI_OPS[op])
+            _run(self.comm, buf, "Allreduce", send, _typed(buf), _MPI_OPS[op])
         else:
             run, fixed = persistent
             np.copyto(fixed, _typed(buf if source is None else source))
@@ -94,8 +95,7 @@ class MPIAlgorithms:
         counts = np.diff(offsets).tolist()
         result = new_like(buf, (counts[self.comm.rank],))  # on the GPU for a CUDA-aware MPI's device buffers
         send = buf if source is None else source
-        _run(buf, self.comm.Reduce_scatter, self.comm.Ireduce_scatter, _typed(send), _typed(result), counts,
-             _MPI_OPS[op])
+        _run(self.comm, buf, "Reduce_scatter", _typed(send), _typed(result), counts, _MPI_OPS[op])
         return result
 
     def allgather(self, buf, offsets):
@@ -103,12 +103,12 @@ class MPIAlgorithms:
         counts = [c * itemsize for c in np.diff(offsets).tolist()]
         displacements = [o * itemsize for o in offsets[:-1]]
         spec = [buf, counts, displacements, MPI.BYTE]
-        _run(buf, self.comm.Allgatherv, self.comm.Iallgatherv, MPI.IN_PLACE, spec)
+        _run(self.comm, buf, "Allgatherv", MPI.IN_PLACE, spec)
 
     def broadcast(self, buf, root, source=None):
         if source is not None:
             buf[...] = source
-        _run(buf, self.comm.Bcast, self.comm.Ibcast, [buf, MPI.BYTE], root)
+        _run(self.comm, buf, "Bcast", [buf, MPI.BYTE], root)
 
     def alltoallv(self, send, send_offsets, recv, recv_offsets):
         itemsize = send.dtype.itemsize
@@ -117,4 +117,4 @@ class MPIAlgorithms:
             counts = [c * itemsize for c in np.diff(offsets).tolist()]
             return [buf, counts, [o * itemsize for o in offsets[:-1]], MPI.BYTE]
 
-        _run(send, self.comm.Alltoallv, self.comm.Ialltoallv, spec(send, send_offsets), spec(recv, recv_offsets))
+        _run(self.comm, send, "Alltoallv", spec(send, send_offsets), spec(recv, recv_offsets))

@@ -47,6 +47,7 @@ def test_a_transport_asked_for_but_missing_on_some_rank_is_an_error():
 
 def test_without_cupy_a_gpu_request_says_why(monkeypatch):
     gpu._load.cache_clear()
+    gpu._usable.cache_clear()
     monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
     try:
         assert gpu.cupy_or_none() is None
@@ -55,6 +56,7 @@ def test_without_cupy_a_gpu_request_says_why(monkeypatch):
             gpu.require_cupy("a CUDA tensor")
     finally:
         gpu._load.cache_clear()
+        gpu._usable.cache_clear()
 
 
 def test_cuda_aware_mpi_is_asked_of_the_library_and_can_be_forced(monkeypatch):
