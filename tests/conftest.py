@@ -79,7 +79,9 @@ UNIT, JOBS = pathlib.Path(__file__).parent / "unit", pathlib.Path(__file__).pare
 def pytest_collection_modifyitems(config, items):
     misplaced = []
     for item in items:
-        starts_ranks = isinstance(item, pytest.Function) and _starts_ranks(item)
+        # A test whose ranks a script starts says so itself, with @pytest.mark.mpi.
+        starts_ranks = isinstance(item, pytest.Function) and (item.get_closest_marker("mpi") is not None
+                                                               or _starts_ranks(item))
         if starts_ranks:
             item.add_marker(pytest.mark.mpi)
         if (starts_ranks and UNIT in item.path.parents) or (not starts_ranks and JOBS in item.path.parents):

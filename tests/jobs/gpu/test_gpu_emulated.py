@@ -5,7 +5,9 @@ the device executor, the NCCL family's calls (ragged blocks padded), MPI on devi
 staging transport (chunks, copies, the host algorithms underneath) run for real; CUDA itself is tested by
 test_gpu.py on a GPU."""
 
+import json
 import os
+import subprocess
 
 import gpu_cases
 import numpy as np
@@ -67,3 +69,19 @@ def test_asking_for_nccl_with_two_ranks_on_one_gpu_fails_at_init(tmp_path):
     job = run_job(2, "gpu/gpu.py", tmp_path, env=env, timeout=120)
     assert job.returncode != 0
     assert "RINGREDUCE_GPU_TRANSPORT=nccl but NCCL is not available on every rank" in job.stderr
+
+
+@pytest.mark.mpi  # the script starts its ranks through rrun
+def test_the_gpu_check_walks_every_step_with_the_emulated_cupy(tmp_path):
+    """benchmarks/gpu_check.sh --dry-run, the check a lent GPU machine will run, walked here with the
+    emulated CuPy as one shared GPU: every step ends, and what it measured reaches $OUT."""
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(["bash", os.path.join(os.path.dirname(TESTS), "benchmarks", "gpu_check.sh"), "--dry-run"],
+                          env=dict(os.environ, OUT=str(out)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:]
+    (result,) = out.glob("gpu-*.json")
+    rows = json.loads(result.read_text())["rows"]
+    # NCCL refuses two ranks on one GPU; every other transport ran at 1 and 2 ranks.
+    assert {(row["ranks"], row["transport"]) for row in rows} == {(1, "nccl"), (1, "mpi"), (1, "staged"),
+                                                                   (2, "mpi"), (2, "staged")}
