@@ -120,13 +120,14 @@ def select_device(host_comm, environ=os.environ):
     count = cupy.cuda.runtime.getDeviceCount()
     near = [gpu_placement.local_cpus(cupy.cuda.Device(index).pci_bus_id) for index in range(count)]
     local_rank = host_comm.Get_rank()
-    if count < len(affinities) and local_rank == 0:
+    device = device_for(local_rank, count, cupy.cuda.Device().id, environ.get("CUDA_VISIBLE_DEVICES"),
+                        gpu_placement.choose_devices(affinities, near))
+    # Only where ringreduce chooses: a rank shown one GPU of its own (srun --gpus-per-task) shares none.
+    if device is not None and count < len(affinities) and local_rank == 0:
         print(f"ringreduce: warning: {len(affinities)} ranks on this host see {count} GPU(s) "
               f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): ranks share GPUs, and NCCL "
               "refuses two ranks on one GPU (under Slurm, --gpus-per-task hides the others from mpiexec's step: "
               "ask --gpus-per-node)", file=sys.stderr, flush=True)
-    device = device_for(local_rank, count, cupy.cuda.Device().id, environ.get("CUDA_VISIBLE_DEVICES"),
-                        gpu_placement.choose_devices(affinities, near))
     if device is not None:
         cupy.cuda.Device(device).use()
         torch = sys.modules.get("torch")  # loaded by the program already; never imported here

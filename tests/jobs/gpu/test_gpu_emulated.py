@@ -60,6 +60,17 @@ def test_each_rank_makes_a_context_on_its_own_gpu_only(tmp_path):
         gpu_cases.check(got, rank, 2)
 
 
+@pytest.mark.parametrize("visible, warned", [(None, True), ("0", False)])
+def test_ranks_sharing_a_gpu_are_warned_about_unless_each_was_shown_its_own(tmp_path, visible, warned):
+    """Two ranks and one GPU: said at init. A rank that CUDA_VISIBLE_DEVICES shows one GPU (srun's
+    --gpus-per-task gives each its own) was chosen for, and nothing is said."""
+    variables = {"EMULATED_CUPY_DEVICES": "1", **({"CUDA_VISIBLE_DEVICES": visible} if visible else {})}
+    job = run_job(2, "gpu/gpu.py", tmp_path, env=emulated(**variables), timeout=120)
+    assert job.returncode == 0, job.stderr[-3000:]
+    said = "ringreduce: warning: 2 ranks on this host see 1 GPU(s)" in job.stderr
+    assert said == warned, job.stderr[-2000:]
+
+
 def test_numpy_on_one_rank_and_emulated_cupy_on_the_other_is_named_on_both(tmp_path):
     gpu_cases.check_mismatch(run_job(2, "gpu/gpu.py", tmp_path, "mismatch", env=emulated(), timeout=120))
 
