@@ -91,18 +91,18 @@ def bind_to_gpu(env, sysfs="/sys"):
     drive, shared with the host's other ranks near that GPU's CPUs (gpu_placement.cpus_for_gpu), and
     number GPUs as sysfs does (CUDA_DEVICE_ORDER=PCI_BUS_ID). What --report-bindings adds."""
     local_rank, local_size = int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1))
-    shown = gpu_placement.visible(gpu_placement.nvidia_gpus(sysfs), env.get("CUDA_VISIBLE_DEVICES"))
+    shown = gpu_placement.visible(gpu_placement.host_gpus(sysfs), env.get("CUDA_VISIBLE_DEVICES"))
     if not shown:
-        why = "CUDA_VISIBLE_DEVICES names GPUs by UUID" if shown is None else "no NVIDIA GPU in sysfs"
+        why = "CUDA_VISIBLE_DEVICES names GPUs by UUID" if shown is None else "no NVIDIA GPU in sysfs or nvidia-smi"
         return f" (--bind-to gpu: {why}, so left as mpiexec placed it)"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    chosen = gpu_placement.cpus_for_gpu(local_rank, local_size, [gpu_placement.local_cpus(b, sysfs) for b in shown],
+    chosen = gpu_placement.cpus_for_gpu(local_rank, local_size, [near for _, near in shown],
                                         frozenset(os.sched_getaffinity(0)))
     if chosen is None:
         return f" (--bind-to gpu: the CPUs near GPU {local_rank % len(shown)} are unknown, so left unbound)"
     gpu, cpus = chosen
     os.sched_setaffinity(0, cpus)
-    return f", near GPU {gpu} ({shown[gpu]})"
+    return f", near GPU {gpu} ({shown[gpu][0]})"
 
 
 def threads_per_rank(environ, mine=None, node=None):

@@ -2,6 +2,7 @@
 or rrun is interrupted, leaving no process behind, and saying which rank failed first (after
 which mpiexec's own cleanup banners are not shown, unless asked for with --verbose)."""
 
+import os
 import re
 import signal
 import subprocess
@@ -175,7 +176,7 @@ class Supervisor:
             return code if code > 0 else 128 - code
         self._show_banners(always=True)
         if self.process.returncode != 0:
-            _say(f"mpiexec exited with status {self.process.returncode}")
+            _say(f"{os.path.basename(self.launch.argv[0])} exited with status {self.process.returncode}")
             return self.process.returncode if self.process.returncode > 0 else 1
         return 0
 

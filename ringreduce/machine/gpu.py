@@ -118,7 +118,8 @@ def select_device(host_comm, environ=os.environ):
     if cupy is None:
         return None
     count = cupy.cuda.runtime.getDeviceCount()
-    near = [gpu_placement.local_cpus(cupy.cuda.Device(index).pci_bus_id) for index in range(count)]
+    near_by_bus = dict(gpu_placement.host_gpus())
+    near = [near_by_bus.get(gpu_placement.normal_bus_id(cupy.cuda.Device(index).pci_bus_id)) for index in range(count)]
     local_rank = host_comm.Get_rank()
     device = device_for(local_rank, count, cupy.cuda.Device().id, environ.get("CUDA_VISIBLE_DEVICES"),
                         gpu_placement.choose_devices(affinities, near))

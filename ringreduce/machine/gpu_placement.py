@@ -1,12 +1,16 @@
 """Which GPU each rank of a host drives, and which CPUs go with it: read from where the GPUs sit
-(the CPUs sysfs lists as local to each GPU's PCI device), not from the local rank alone. A rank
-bound to socket 1 that drives a GPU of socket 0 crosses the socket link for every copy.
+(the CPUs sysfs lists as local to each GPU's PCI device, or the CPU affinity `nvidia-smi topo -m`
+prints where the PCI tree is hidden), not from the local rank alone. A rank bound to socket 1 that
+drives a GPU of socket 0 crosses the socket link for every copy.
 
 Standard library only: rrun's per-rank wrapper binds ranks with it before MPI or CuPy load.
 """
 
 import glob
 import os
+import re
+import shutil
+import subprocess
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA controller, 3D controller
@@ -45,11 +49,63 @@ def nvidia_gpus(sysfs: str = "/sys") -> list[str]:
     return found
 
 
-def visible(bus_ids: list[str], cuda_visible_devices: str | None) -> list[str] | None:
-    """The GPUs CUDA shows this process, in its order, from CUDA_VISIBLE_DEVICES given as indexes;
-    None where it names them otherwise (UUIDs, MIG instances), which sysfs cannot map."""
+def normal_bus_id(bus_id: str) -> str:
+    """One spelling of a PCI address: CUDA's 0000:3B:00.0, nvidia-smi's 00000000:3B:00.0 and
+    sysfs's 0000:3b:00.0 are all 0000:3b:00.0."""
+    domain, _, rest = bus_id.strip().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest.lower()}"
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+def topology_cpus(topology: str) -> list[frozenset[int] | None]:
+    """Each GPU's local CPUs, in nvidia-smi's GPU order, from the "CPU Affinity" column of
+    `nvidia-smi topo -m` (tab-separated; its header may be underlined with terminal escapes);
+    None for a GPU it gives none (N/A)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", topology).splitlines()
+    header = next(([cell.strip() for cell in line.split("\t")] for line in lines if "CPU Affinity" in line), None)
+    if header is None:
+        return []
+    column = header.index("CPU Affinity")
+    near: list[frozenset[int] | None] = []
+    for cells in (line.split("\t") for line in lines):
+        if re.fullmatch(r"GPU\d+", cells[0].strip()):
+            try:
+                near.append(parse_cpulist(cells[column]) or None if len(cells) > column else None)
+            except ValueError:
+                near.append(None)
+    return near
+
+
+def smi_gpus() -> list[tuple[str, frozenset[int] | None]]:
+    """(bus id, local CPUs) of each GPU nvidia-smi lists, in its order; [] without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        buses = subprocess.run([smi, "--query-gpu=pci.bus_id", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=60, check=True).stdout.split()
+        near = topology_cpus(subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=60).stdout)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [(normal_bus_id(bus), near[index] if index < len(near) else None) for index, bus in enumerate(buses)]
+
+
+def host_gpus(sysfs: str = "/sys") -> list[tuple[str, frozenset[int] | None]]:
+    """This host's NVIDIA GPUs in PCI order, each as (bus id, the CPUs near it): from sysfs where
+    its PCI tree lists them (no process to start), else from nvidia-smi (a container that hides
+    the tree)."""
+    buses = nvidia_gpus(sysfs)
+    return [(bus, local_cpus(bus, sysfs)) for bus in buses] if buses else smi_gpus()
+
+
+def visible(gpus: list, cuda_visible_devices: str | None) -> list | None:
+    """The GPUs CUDA shows this process, in its order, picked from `gpus` (the host's, in PCI
+    order) by CUDA_VISIBLE_DEVICES given as indexes; None where it names them otherwise (UUIDs,
+    MIG instances), which cannot be mapped."""
     if cuda_visible_devices is None:
-        return bus_ids
+        return gpus
     shown = []
     for item in cuda_visible_devices.split(","):
         item = item.strip()
@@ -57,9 +113,9 @@ def visible(bus_ids: list[str], cuda_visible_devices: str | None) -> list[str] |
             continue
         if not item.isdigit():
             return None
-        if int(item) >= len(bus_ids):
+        if int(item) >= len(gpus):
             break  # CUDA stops at the first index it does not have
-        shown.append(bus_ids[int(item)])
+        shown.append(gpus[int(item)])
     return shown
 
 

@@ -12,20 +12,51 @@ chown munge:munge /run/munge /var/log/munge /var/lib/munge
 [ -f /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null &&
                                 chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key)
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
-# Two GPUs per node as generic resources, backed by placeholder device files (character devices
-# like /dev/null's, outside /dev so nothing takes them for NVIDIA's): Slurm allocates them and sets
-# CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE as it would for real ones.
-mkdir -p "$state/gpus"
+# Each node as a two-socket GPU node in small: socket 0 is CPU 0, socket 1 is CPU 1, and four GPUs as
+# generic resources, 0-1 near socket 0 and 2-3 near socket 1, backed by placeholder device files
+# (character devices like /dev/null's, outside /dev so nothing takes them for NVIDIA's): Slurm
+# allocates them and sets CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE as it would for real ones.
+# Where they sit is written as `nvidia-smi topo -m` prints it, and a placeholder nvidia-smi in
+# $state/bin prints it (a job puts that folder first on PATH to have its GPU choice read it: the
+# placeholders have no PCI device in sysfs, which is read first).
+mkdir -p "$state/gpus" "$state/bin"
 for host in hosta hostb; do
-    for index in 0 1; do
+    for index in 0 1 2 3; do
         [ -e "$state/gpus/$host-$index" ] || mknod "$state/gpus/$host-$index" c 1 3
     done
 done
 cat > "$state/gres.conf" <<GRES
 AutoDetect=off
-NodeName=hosta Name=gpu File=$state/gpus/hosta-[0-1]
-NodeName=hostb Name=gpu File=$state/gpus/hostb-[0-1]
+NodeName=hosta Name=gpu File=$state/gpus/hosta-[0-1] Cores=0
+NodeName=hosta Name=gpu File=$state/gpus/hosta-[2-3] Cores=1
+NodeName=hostb Name=gpu File=$state/gpus/hostb-[0-1] Cores=0
+NodeName=hostb Name=gpu File=$state/gpus/hostb-[2-3] Cores=1
 GRES
+tab=$(printf '\t')
+cat > "$state/topology.txt" <<TOPOLOGY
+${tab}GPU0${tab}GPU1${tab}GPU2${tab}GPU3${tab}CPU Affinity${tab}NUMA Affinity${tab}GPU NUMA ID
+GPU0${tab} X ${tab}NV4${tab}SYS${tab}SYS${tab}0${tab}0${tab}${tab}N/A
+GPU1${tab}NV4${tab} X ${tab}SYS${tab}SYS${tab}0${tab}0${tab}${tab}N/A
+GPU2${tab}SYS${tab}SYS${tab} X ${tab}NV4${tab}1${tab}1${tab}${tab}N/A
+GPU3${tab}SYS${tab}SYS${tab}NV4${tab} X ${tab}1${tab}1${tab}${tab}N/A
+
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes
+  NV#  = Connection traversing a bonded set of # NVLinks
+TOPOLOGY
+cat > "$state/bin/nvidia-smi" <<SMI
+#!/bin/sh
+# The test cluster's placeholder: the nodes' GPU topology for \`nvidia-smi topo -m\`, and their
+# bus ids (those the emulated CuPy gives its GPUs) for --query-gpu=pci.bus_id.
+case "\$*" in
+    "topo -m") exec cat "$state/topology.txt" ;;
+    "--query-gpu=pci.bus_id --format=csv,noheader") printf '00000000:0%d:00.0\\n' 1 2 3 4 ;;
+    *) echo "placeholder nvidia-smi: only topo -m and --query-gpu=pci.bus_id" >&2; exit 1 ;;
+esac
+SMI
+chmod 755 "$state/bin/nvidia-smi"
 cat > "$state/slurm.conf" <<CONFIG
 ClusterName=rrtest
 SlurmctldHost=hosta(10.213.7.1)
@@ -52,8 +83,8 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 KillWait=10
 InactiveLimit=0
-NodeName=hosta NodeAddr=10.213.7.1 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
-NodeName=hostb NodeAddr=10.213.7.2 CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+NodeName=hosta NodeAddr=10.213.7.1 Sockets=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=1000 Gres=gpu:4 State=UNKNOWN
+NodeName=hostb NodeAddr=10.213.7.2 Sockets=2 CoresPerSocket=1 ThreadsPerCore=1 RealMemory=1000 Gres=gpu:4 State=UNKNOWN
 PartitionName=test Nodes=hosta,hostb Default=YES MaxTime=INFINITE State=UP
 CONFIG
 printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$state/cgroup.conf"

@@ -84,6 +84,7 @@ def test_gpus_and_their_cpus_are_read_from_sysfs_in_bus_order(tmp_path):
     assert gpu_placement.local_cpus("0000:3B:00.0", sysfs) == cpus(0, 15)  # CUDA writes bus ids in capitals
     assert gpu_placement.local_cpus("0000:00:02.0", sysfs) == cpus(0, 7) | cpus(16, 23)
     assert gpu_placement.local_cpus("0000:99:00.0", sysfs) is None
+    assert gpu_placement.host_gpus(sysfs)[1] == ("0000:3b:00.0", cpus(0, 15))
     buses = gpu_placement.nvidia_gpus(sysfs)
     assert gpu_placement.visible(buses, "2,0") == ["0000:b1:00.0", "0000:00:02.0"]
     assert gpu_placement.visible(buses, "0,7,1") == ["0000:00:02.0"]  # CUDA stops at an index it lacks
@@ -101,6 +102,42 @@ def test_the_rank_wrapper_binds_near_its_gpu_and_says_so(tmp_path, monkeypatch):
     assert bound == [set(range(24, 32))] and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert rank.bind_to_gpu({"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "GPU-8f2a"}, sysfs).startswith(
         " (--bind-to gpu: CUDA_VISIBLE_DEVICES names GPUs by UUID")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no nvidia-smi either
     assert rank.bind_to_gpu({"LOCAL_RANK": "0"}, str(tmp_path / "none")) == (
-        " (--bind-to gpu: no NVIDIA GPU in sysfs, so left as mpiexec placed it)")
+        " (--bind-to gpu: no NVIDIA GPU in sysfs or nvidia-smi, so left as mpiexec placed it)")
     assert len(bound) == 1
+
+
+# `nvidia-smi topo -m` of a two-socket node as the driver prints it: the header underlined with
+# terminal escapes, a NIC among the devices, a GPU whose affinity it does not know.
+TOPOLOGY = (
+    "\t\x1b[4mGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tNV12\tSYS\tNODE\t0-15,32-47\t0\t\tN/A\n"
+    "GPU1\tNV12\t X \tSYS\tNODE\t0-15,32-47\t0\t\tN/A\n"
+    "GPU2\tSYS\tSYS\t X \tSYS\tN/A\tN/A\t\tN/A\n"
+    "NIC0\tNODE\tNODE\tSYS\t X \n\nLegend:\n\n  X    = Self\n"
+)
+
+
+def test_gpus_and_their_cpus_are_read_from_nvidia_smi_where_sysfs_lists_none(tmp_path, monkeypatch):
+    """A container that hides the PCI tree: the bus ids and CPU affinity come from nvidia-smi."""
+    assert gpu_placement.topology_cpus(TOPOLOGY) == [cpus(0, 15) | cpus(32, 47)] * 2 + [None]
+    assert gpu_placement.topology_cpus("No devices were found\n") == []
+    assert gpu_placement.normal_bus_id("00000000:3B:00.0") == gpu_placement.normal_bus_id("0000:3b:00.0") \
+        == "0000:3b:00.0"
+    (tmp_path / "topology").write_text(TOPOLOGY)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f'#!/bin/sh\n[ "$1" = topo ] && exec /bin/cat {tmp_path / "topology"}\n'
+                   'printf "00000000:3B:00.0\\n00000000:5E:00.0\\n00000000:B1:00.0\\n"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(smi.parent))
+    gpus = gpu_placement.host_gpus(str(tmp_path / "no-sysfs"))
+    assert gpus == [("0000:3b:00.0", cpus(0, 15) | cpus(32, 47)), ("0000:5e:00.0", cpus(0, 15) | cpus(32, 47)),
+                    ("0000:b1:00.0", None)]
+    bound = []
+    monkeypatch.setattr(rank.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(rank.os, "sched_setaffinity", lambda pid, cpus: bound.append(set(cpus)))
+    assert rank.bind_to_gpu({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0,1"},
+                            str(tmp_path / "no-sysfs")) == ", near GPU 1 (0000:5e:00.0)"
+    assert bound == [set(range(32, 48))]  # the second half of the CPUs GPUs 0 and 1 share

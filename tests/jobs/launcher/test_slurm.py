@@ -15,10 +15,15 @@ import torch_cases
 
 from ringreduce import checkpoint
 
-from launch import JOBS, ON_HOSTA, SLURM_CONF, require_cluster, slurm_missing
+from launch import JOBS, ON_HOSTA, SLURM_CONF, TESTS, python_of, require_cluster, slurm_missing
 
 PYTHON = sys.executable
 RRUN = f"{PYTHON} -m ringreduce.launcher -i rrnet0"
+# The cluster's nodes as two-socket GPU nodes (tests/cluster/slurm_up.sh): four placeholder GPUs
+# each, 0-1 near CPU 0 and 2-3 near CPU 1, shown by a placeholder nvidia-smi; the emulated CuPy
+# gives a job's ranks those four GPUs.
+GPU_NODES = (f"export PATH={os.path.join(os.path.dirname(SLURM_CONF), 'bin')}:$PATH "
+             f"PYTHONPATH={os.path.join(TESTS, 'support', 'emulated_cupy')} EMULATED_CUPY_DEVICES=4")
 
 
 @pytest.fixture(autouse=True)
@@ -165,6 +170,28 @@ def test_under_srun_each_rank_keeps_slurm_s_binding_and_as_many_threads(tmp_path
         assert len(cpus) == len(set(cpus)) == per_node * cpus_per_task, said
 
 
+@pytest.mark.parametrize("launch, gpus, cpus", [
+    # Slurm binds local ranks 0 and 2 to socket 1, 1 and 3 to socket 0: each drives a GPU of its socket.
+    ("--launcher srun --mpi-args=--cpu-bind=map_cpu:1,0", [2, 0, 3, 1], [1, 0, 1, 0]),
+    # mpiexec places them; --bind-to gpu binds local rank r to the socket of GPU r.
+    ("--bind-to gpu --report-bindings", [0, 1, 2, 3], [0, 0, 1, 1]),
+])
+def test_eight_ranks_on_two_gpu_nodes_each_drive_their_own_gpu_near_their_cpus(tmp_path, launch, gpus, cpus):
+    """2 nodes x 4 tasks (more tasks than the nodes' two CPUs: --overcommit), four GPUs a node."""
+    result, output = batch(tmp_path, f"{GPU_NODES}\nexec {RRUN} {launch} {PYTHON} {JOBS}/launcher/slurm_job.py --gpu",
+                           "-N", "2", "-n", "8", "--overcommit", "--exclusive", "--gpus-per-node=4")
+    assert result.returncode == 0, output.read_text()[-3000:]
+    said = ranks_said(output)
+    assert sorted(said) == list(range(8)) and all(s["sum"] == [36.0] * 3 for s in said.values()), said
+    for host in ("hosta", "hostb"):
+        local = sorted((int(s["local_rank"]), s) for s in said.values() if s["host"] == host)
+        assert [s["gpu"] for _, s in local] == gpus, said
+        assert [s["cpus"] for _, s in local] == [[cpu] for cpu in cpus], said
+        assert all(s["threads"] == "1" for _, s in local), said  # one CPU, shared by two ranks
+    if "--report-bindings" in launch:
+        assert "near GPU 3 (0000:04:00.0)" in output.read_text(), output.read_text()[-3000:]
+
+
 def test_rrun_started_by_srun_is_refused_in_one_line_naming_the_step(tmp_path):
     """Inside a step, Slurm's task counts are the step's and its node list the job's: rrun said they
     did not match. Now it says where it runs and what to do instead."""
@@ -197,11 +224,17 @@ def test_srun_starts_the_ranks_and_init_names_a_world_mpi_does_not_see():
     assert "srun started 2 tasks in this step but MPI reports a world of 1" in wrong.stderr, wrong.stderr[-3000:]
 
 
-@pytest.mark.parametrize("scancel_args", [["--signal=USR1", "--batch"], []], ids=["usr1-to-the-script", "scancel"])
-def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path, scancel_args):
-    checkpoints = tmp_path / "checkpoints"
-    result, output = batch(tmp_path, f"exec {RRUN} {PYTHON} {JOBS}/launcher/preempted.py {checkpoints}",
-                           "-N", "2", "--ntasks-per-node=1", wait=False)
+@pytest.mark.parametrize("scancel_args, mpi", [(["--signal=USR1", "--batch"], "mpich"), ([], "mpich"),
+                                               (["--signal=USR1", "--batch"], "openmpi")],
+                         ids=["usr1-to-the-script", "scancel", "usr1-to-the-script-openmpi"])
+def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path, scancel_args, mpi):
+    """A notice to the batch script, which rrun passes to every rank through the MPI's daemons; or
+    scancel's SIGTERM to every process of the job at once (MPICH's daemons let the ranks finish;
+    Open MPI's end them within a second, which docs/cluster.md says); each rank's stop_requested()
+    turns true at one step."""
+    checkpoints, python = tmp_path / "checkpoints", python_of(mpi)
+    result, output = batch(tmp_path, f"exec {RRUN.replace(PYTHON, python)} {python} {JOBS}/launcher/preempted.py "
+                           f"{checkpoints}", "-N", "2", "--ntasks-per-node=1", wait=False)
     assert result.returncode == 0, result.stderr
     job = result.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
@@ -210,10 +243,11 @@ def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exi
         time.sleep(0.2)
     assert slurm("scancel", *scancel_args, job).returncode == 0
     until_ended(job, seconds=60)
-    stopped = [line for line in output.read_text().splitlines() if "stopped at step" in line]
-    assert len(stopped) == 2 and len({line.split(":", 1)[1] for line in stopped}) == 1, output.read_text()
+    stopped = {path.name: path.read_text() for path in checkpoints.glob("stopped-rank*")}
+    assert sorted(stopped) == ["stopped-rank0", "stopped-rank1"] and len(set(stopped.values())) == 1, \
+        (stopped, output.read_text()[-3000:])
     (saved,) = checkpoints.glob("checkpoint-*.rr")
-    step = int(stopped[0].rsplit(" ", 1)[1])
+    step = int(stopped["stopped-rank0"])
     state = checkpoint.read(saved)
     assert state["step"] == step and state["weights"].tolist() == [2.0 * step] * 4  # both ranks' step, summed
 
