@@ -3,14 +3,21 @@ CUDA-aware MPI, or staging through pinned host memory into the host algorithms.
 
 Each family queues its work on its own CUDA stream (`stream`); the device executor queues its
 packing and casting kernels on the same stream, so they run in order without host waits, and
-waits for the stream once, before it hands out results.
+waits for the stream once (`synchronize()`), before it hands out results.
 """
+
+import time
 
 import numpy as np
 
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.machine import faults
 from ringreduce.machine.memory import Workspace
 from ringreduce.ops import ReduceOp
+
+# How often a wait for NCCL's work looks for a failed rank: the first waits are short, so a small
+# collective is not held up; a long one costs a query every millisecond.
+_POLL_SECONDS = (0.00002, 0.0001, 0.001)
 
 
 class Nccl:
@@ -33,6 +40,29 @@ class Nccl:
             unique_id = self.comm.bcast(self.nccl.get_unique_id() if self.comm.rank == 0 else None, root=0)
             self._communicator = self.nccl.NcclCommunicator(self.comm.size, unique_id, self.comm.rank)
         return self._communicator
+
+    def synchronize(self):
+        """Wait for the stream's work, watching for what would keep it from ever ending: a peer
+        that died waits NCCL's kernels forever, and nothing else would get control. On a failed
+        rank (rrun's word, machine/faults) or NCCL's own asynchronous error, the communicator is
+        aborted (its kernels end, its stream is free again) and the error raised."""
+        done = self.stream.record()
+        for pause in _pauses():
+            if done.done:
+                return
+            try:
+                faults.check()
+                if self._communicator is not None:
+                    self._communicator.check_async_error()
+            except BaseException:
+                self._abort()
+                raise
+            time.sleep(pause)
+
+    def _abort(self):
+        if self._communicator is not None:
+            self._communicator.abort()
+            self._communicator = None
 
     def allreduce(self, buf, op, source=None):
         if buf.dtype not in self._types:
@@ -90,6 +120,13 @@ class Nccl:
         self._nccl().broadcast(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], root, self.stream.ptr)
 
 
+def _pauses():
+    """The pauses between looks at a stream: a few short ones, then _POLL_SECONDS[-1] for ever."""
+    yield from _POLL_SECONDS[:-1]
+    while True:
+        yield _POLL_SECONDS[-1]
+
+
 def _padded(cupy, send, offsets, block):
     """`send`'s segments, each at the start of its own block of `block` elements."""
     padded = cupy.zeros(block * (len(offsets) - 1), send.dtype)
@@ -106,6 +143,9 @@ class CudaAwareMpi:
     def __init__(self, transport, stream):
         self.stream = stream
         self.mpi = MPIAlgorithms(transport)
+
+    def synchronize(self):
+        self.stream.synchronize()
 
     def allreduce(self, buf, op, source=None):
         self.stream.synchronize()
@@ -138,6 +178,9 @@ class Staged:
         self.stream = api.stream()
         self._down, self._up = api.stream(), api.stream()
         self._pinned = Workspace(api.pinned)
+
+    def synchronize(self):
+        self.stream.synchronize()
 
     def _download(self, buf, lo=0, hi=None):
         """buf[lo:hi] in the staging memory (at the same offsets), once the stream's work is done."""

@@ -53,7 +53,7 @@ class DeviceExecutor:
                 if request is not None and request.ready is not None:
                     self.family.stream.wait(request.ready)
             yield
-        self.family.stream.synchronize()
+        self.family.synchronize()
 
     def _device_of(self, array):
         """The GPU an array lives on; for a joined rank, which has none, the current one."""

@@ -7,13 +7,17 @@ test_gpu.py on a GPU."""
 
 import json
 import os
+import signal
 import subprocess
+import threading
+import time
 
 import gpu_cases
 import numpy as np
 import pytest
+from elastic_replay import discovery_script
 
-from launch import TESTS, run_job
+from launch import TESTS, python_of, rrun_command, run_job
 
 EMULATED = os.path.join(TESTS, "support", "emulated_cupy")
 
@@ -96,3 +100,33 @@ def test_the_gpu_check_walks_every_step_with_the_emulated_cupy(tmp_path):
     # NCCL refuses two ranks on one GPU; every other transport ran at 1 and 2 ranks.
     assert {(row["ranks"], row["transport"]) for row in rows} == {(1, "nccl"), (1, "mpi"), (1, "staged"),
                                                                    (2, "mpi"), (2, "staged")}
+
+
+def test_a_peer_that_dies_inside_nccl_is_aborted_and_the_survivors_get_control_back(tmp_path):
+    """Open MPI with ULFM, an elastic job: world rank 2 of 3 dies inside its NCCL allreduce of
+    step 5, and NCCL's kernels on the survivors wait for it for ever (the emulated NCCL's too).
+    The wait used to block in the stream's synchronize, where rrun's word of the failure could not
+    reach it: the survivors hung. Now the wait watches for a failed rank, aborts the NCCL
+    communicator and raises, so each survivor gets the failure at step 5. (The job then waits for
+    hosts, as an elastic job whose ranks all ended does: the test ends it.)"""
+    script, _ = discovery_script(tmp_path, ["localhost:3"])
+    process = subprocess.Popen(
+        rrun_command(3, "gpu/nccl_peer_dies.py", 10, python=python_of("openmpi"),
+                     rrun_args=("--min-np", "2", "--host-discovery-script", script)),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+        env=dict(os.environ, **emulated(EMULATED_CUPY_DEVICES="3", EMULATED_NCCL_DIE="2:6")), start_new_session=True)
+    said = []
+    try:
+        reader = threading.Thread(target=lambda: said.extend(
+            json.loads(line.split(":", 1)[1]) for line in process.stdout if line.startswith(("[0]", "[1]"))))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while len(said) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert sorted(s["rank"] for s in said) == [0, 1], said
+    for survivor in said:
+        assert survivor["step"] == 5 and survivor["transport"] == "nccl", survivor
+        assert "rank 2" in survivor["error"] and "failed" in survivor["error"], survivor

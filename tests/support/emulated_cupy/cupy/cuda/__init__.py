@@ -11,8 +11,10 @@ fails, as CUDA's cudaErrorDevicesUnavailable."""
 
 import contextlib
 import ctypes
+import itertools
 import os
 import threading
+import time
 
 from cupy.cuda import nccl  # noqa: F401  (cupy.cuda.nccl, as CuPy has it)
 
@@ -70,30 +72,53 @@ class Device:
 
 
 class Event:
+    """Complete at once, unless recorded on a stream whose work hangs (see Stream)."""
+
     def __init__(self, disable_timing=False):
-        pass
+        self._stream = None
 
     def record(self, stream=None):
-        pass
+        self._stream = stream
+
+    @property
+    def done(self):
+        return self._stream is None or not self._stream.hung
 
     def synchronize(self):
-        pass
+        while not self.done:
+            time.sleep(0.01)
 
 
 class Stream(contextlib.nullcontext):
-    ptr = 0
+    """Its work is done as it is queued, except where the emulated NCCL hangs it (a peer died
+    mid-collective, as a real NCCL kernel then spins forever): from then on its events are never
+    done and synchronize() never returns, until that NCCL communicator is aborted."""
 
     def __init__(self, non_blocking=False):
         super().__init__()
+        self.ptr = next(_stream_numbers)
+        self.hung = False
+        _streams[self.ptr] = self
 
     def record(self):
-        return Event()
+        event = Event()
+        event.record(self)
+        return event
 
     def wait_event(self, event):
-        pass
+        event.synchronize()
 
     def synchronize(self):
-        pass
+        while self.hung:
+            time.sleep(0.01)
+
+
+_stream_numbers = itertools.count(1)  # 0 is CUDA's null stream
+_streams = {}  # ptr -> Stream, for the emulated NCCL, which is given pointers
+
+
+def stream_at(ptr):
+    return _streams.get(ptr)
 
 
 class runtime:  # noqa: N801  (CuPy's name)

@@ -1,12 +1,23 @@
 """cupy.cuda.nccl, emulated on host memory with MPI: the calls ringreduce makes, with NCCL's
 arguments (pointers, element counts, datatype and op codes, a stream). Every reduction gathers
-the ranks' data and combines it in rank order with numpy, so any dtype works, float16 too."""
+the ranks' data and combines it in rank order with numpy, so any dtype works, float16 too.
+
+A peer that dies mid-collective hangs the call's stream, as a real NCCL kernel then waits
+forever: the call returns, and the stream's work is never done (no error from MPI, none from
+check_async_error) until the communicator is aborted. The peers are watched by their pids, so
+this works on one host. EMULATED_NCCL_DIE=R:N kills world rank R inside its Nth collective."""
 
 import ctypes
 import os
+import shutil
+import signal
+import tempfile
+import time
 
 import numpy as np
 from mpi4py import MPI
+
+from cupy import cuda
 
 (NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_FLOAT32,
  NCCL_FLOAT64) = range(9)
@@ -29,31 +40,113 @@ def _array(pointer, count, datatype):
     return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(pointer), dtype)
 
 
+class NcclError(RuntimeError):
+    pass
+
+
 class NcclCommunicator:
     def __init__(self, ndev, comm_id, rank):
-        self.comm = MPI.COMM_WORLD.Dup()
-        assert (self.comm.size, self.comm.rank) == (ndev, rank), "the emulation runs on MPI.COMM_WORLD"
+        self.comm = _members(ndev, comm_id, rank)
+        assert (self.comm.size, self.comm.rank) == (ndev, rank)
         assert self.comm.allgather(comm_id) == [comm_id] * ndev, "the ranks were given different unique ids"
+        self._peers = [pid for pid in self.comm.allgather(os.getpid()) if pid != os.getpid()]
+        self._hung = []  # the streams this communicator hung
+        self._aborted = False
 
-    def _gathered(self, send):
+    def _gathered(self, send, stream):
+        """Every rank's `send`, or None where a peer died first (then `stream` hangs)."""
+        if self._aborted:
+            raise NcclError("NCCL error: invalid usage (the communicator was aborted)")
+        _calls.append(len(_calls))
+        if os.environ.get("EMULATED_NCCL_DIE") == f"{MPI.COMM_WORLD.rank}:{len(_calls)}":
+            os.kill(os.getpid(), signal.SIGKILL)
         everyone = np.empty((self.comm.size, len(send)), send.dtype)
-        self.comm.Allgather(send.copy().view(np.uint8), everyone.view(np.uint8))
+        request = self.comm.Iallgather(send.copy().view(np.uint8), everyone.view(np.uint8))
+        while not _test(request):
+            if not all(_alive(pid) for pid in self._peers):
+                hung = cuda.stream_at(stream)
+                if hung is not None:
+                    hung.hung = True
+                    self._hung.append(hung)
+                return None
+            time.sleep(0.0005)
         return everyone
 
+    def check_async_error(self):
+        pass  # a dead peer makes NCCL wait, not fail
+
+    def abort(self):
+        """End what this communicator's calls left hanging; the communicator is no longer usable."""
+        self._aborted = True
+        for stream in self._hung:
+            stream.hung = False
+        self._hung.clear()
+
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, count, datatype))
-        _array(recvbuf, count, datatype)[...] = _UFUNCS[op].reduce(everyone, axis=0)
+        everyone = self._gathered(_array(sendbuf, count, datatype), stream)
+        if everyone is not None:
+            _array(recvbuf, count, datatype)[...] = _UFUNCS[op].reduce(everyone, axis=0)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, recvcount * self.comm.size, datatype))
+        everyone = self._gathered(_array(sendbuf, recvcount * self.comm.size, datatype), stream)
         mine = slice(self.comm.rank * recvcount, (self.comm.rank + 1) * recvcount)
-        _array(recvbuf, recvcount, datatype)[...] = _UFUNCS[op].reduce(everyone[:, mine], axis=0)
+        if everyone is not None:
+            _array(recvbuf, recvcount, datatype)[...] = _UFUNCS[op].reduce(everyone[:, mine], axis=0)
 
     def allGather(self, sendbuf, recvbuf, sendcount, datatype, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, sendcount, datatype))
-        _array(recvbuf, sendcount * self.comm.size, datatype)[...] = everyone.reshape(-1)
+        everyone = self._gathered(_array(sendbuf, sendcount, datatype), stream)
+        if everyone is not None:
+            _array(recvbuf, sendcount * self.comm.size, datatype)[...] = everyone.reshape(-1)
 
     def broadcast(self, sendbuf, recvbuf, count, datatype, root, stream):
-        data = _array(sendbuf, count, datatype).copy()
-        self.comm.Bcast(data.view(np.uint8), root)
-        _array(recvbuf, count, datatype)[...] = data
+        everyone = self._gathered(_array(sendbuf, count, datatype), stream)
+        if everyone is not None:
+            _array(recvbuf, count, datatype)[...] = everyone[root]
+
+
+_calls = []  # one entry per collective this process made, for EMULATED_NCCL_DIE
+
+
+def _members(ndev, comm_id, rank):
+    """An MPI communicator of the ranks given `comm_id`, in their NCCL rank order. They meet in a
+    folder named by the id (the emulation's bootstrap, as NCCL's is a socket: one host only), so
+    a communicator of the survivors of a failed rank can be made without the dead one."""
+    meeting = os.path.join(tempfile.gettempdir(), f"emulated-nccl-{bytes(comm_id).hex()}")
+    os.makedirs(meeting, exist_ok=True)
+    with open(os.path.join(meeting, str(rank)), "w") as mine:
+        mine.write(str(MPI.COMM_WORLD.rank))
+    while len(os.listdir(meeting)) < ndev:
+        time.sleep(0.001)
+    world_ranks = []
+    for member in range(ndev):
+        while True:
+            with open(os.path.join(meeting, str(member))) as theirs:
+                text = theirs.read()
+            if text:
+                break
+            time.sleep(0.001)
+        world_ranks.append(int(text))
+    comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(world_ranks), tag=7)
+    comm.Barrier()  # every member has read the folder
+    if rank == 0:
+        shutil.rmtree(meeting, ignore_errors=True)
+    return comm
+
+
+def _test(request):
+    """Is `request` done? Not while a peer it waits for is dead (MPI's fault tolerance says so
+    with an error: NCCL would wait)."""
+    try:
+        return request.Test()
+    except MPI.Exception:
+        return False
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
