@@ -41,7 +41,8 @@ def main():
         attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, os.environ["RRUN_LINK"]])
     deadline = time.monotonic() + 8.0  # past the heartbeat timeout and the link's AUTH_SECONDS
     steps = 0
-    while time.monotonic() < deadline:
+    # Both ranks stop at the same step: each its own clock let one leave while the other waited.
+    while rr.allreduce(np.array([float(time.monotonic() < deadline)]), op=rr.Min, name="going on")[0]:
         got = rr.allreduce(np.full(1000, rr.rank() + 1.0), op=rr.Sum, name="attacked")
         assert np.array_equal(got, np.full(1000, 3.0)), got[:4]
         steps += 1
