@@ -268,8 +268,8 @@ def test_bind_to_gpu_without_a_gpu_leaves_the_ranks_where_mpiexec_placed_them_an
     assert job.returncode == 0, job.stderr
     assert [json.loads(job.lines_of(r)[0]) for r in range(2)] == [sorted(os.sched_getaffinity(0))] * 2
     for rank in range(2):
-        assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs \S+ \(--bind-to gpu: no NVIDIA GPU in sysfs or nvidia-smi, "
-                         r"so left as mpiexec placed it\)", job.stderr), job.stderr
+        assert re.search(rf"rrun: rank {rank} on \S+ is bound to CPUs \S+ \(--bind-to gpu: no NVIDIA GPU in sysfs or "
+                         r"nvidia-smi, so left as mpiexec placed it\)", job.stderr), job.stderr
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 0), (signal.SIGTERM, 128 + signal.SIGTERM)])
