@@ -78,6 +78,8 @@ class NcclCommunicator:
     def abort(self):
         """End what this communicator's calls left hanging; the communicator is no longer usable."""
         self._aborted = True
+        if self._hung and hasattr(self.comm, "Revoke"):
+            self.comm.Revoke()  # MPI's fault tolerance (ULFM): the errored gather is not waited for at exit
         for stream in self._hung:
             stream.hung = False
         self._hung.clear()
@@ -126,7 +128,10 @@ def _members(ndev, comm_id, rank):
                 break
             time.sleep(0.001)
         world_ranks.append(int(text))
-    comm = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(world_ranks), tag=7)
+    if world_ranks == list(range(MPI.COMM_WORLD.size)):
+        comm = MPI.COMM_WORLD.Dup()
+    else:  # from the group alone (MPI 4): only the members take part, not the world with its dead
+        comm = MPI.Intracomm.Create_from_group(MPI.COMM_WORLD.Get_group().Incl(world_ranks), meeting)
     comm.Barrier()  # every member has read the folder
     if rank == 0:
         shutil.rmtree(meeting, ignore_errors=True)
