@@ -37,9 +37,12 @@ class DeviceExecutor:
         self.fusion_buffer = None
 
     @contextlib.contextmanager
-    def _on_gpu(self, requests):
+    def _on_gpu(self, requests, make_results=lambda: None):
         """The work of one collective: on its GPU and stream, after the callers' work, and done
-        (the stream synchronized) when the block ends."""
+        (the stream synchronized) when the block ends. Yields what `make_results()` made, the
+        arrays handed to the caller, made before the engine's stream is entered: CuPy's pool keeps
+        a freed block for the stream it was made on, and a result made on the engine's would be
+        reused by the next collective there while the caller's stream may still read it."""
         if self.device is None:
             first = next((r for r in requests if r is not None), None)  # none: this rank has joined
             self.device = self.device_of(None if first is None else
@@ -48,11 +51,13 @@ class DeviceExecutor:
                 self.family = self.make_family()
                 self.fusion_buffer = Workspace(lambda nbytes: self.cupy.empty(nbytes, np.uint8))
                 self._scaled_cast = self.cupy.ElementwiseKernel(*_SCALED_CAST)
-        with self.device, self.family.stream:
-            for request in requests:
-                if request is not None and request.ready is not None:
-                    self.family.stream.wait(request.ready)
-            yield
+        with self.device:
+            results = make_results()
+            with self.family.stream:
+                for request in requests:
+                    if request is not None and request.ready is not None:
+                        self.family.stream.wait(request.ready)
+                yield results
         self.family.synchronize()
 
     def _device_of(self, array):
@@ -63,8 +68,8 @@ class DeviceExecutor:
         message = responses[0].message
         op = message.op
         offsets = offsets_of([r.message.count for r in responses])
-        with self._on_gpu(requests):
-            outputs = [self._output_for(r, m.message, op) for m, r in zip(responses, requests, strict=True)]
+        with self._on_gpu(requests, lambda: [self._output_for(r, m.message, op)
+                                             for m, r in zip(responses, requests, strict=True)]) as outputs:
             if len(responses) == 1 and wire == np.dtype(message.dtype):
                 self._allreduce_alone(requests[0], outputs[0], op, message)
                 return outputs
@@ -89,8 +94,8 @@ class DeviceExecutor:
         message = response.message
         row_offsets = offsets_of([m.shape[0] for m in response.messages])
         row_size = math.prod(message.shape[1:])
-        with self._on_gpu([request]):
-            result = self.cupy.empty((row_offsets[-1],) + message.shape[1:], message.dtype)
+        with self._on_gpu([request], lambda: self.cupy.empty((row_offsets[-1],) + message.shape[1:],
+                                                             message.dtype)) as result:
             result[row_offsets[self.rank]:row_offsets[self.rank + 1]] = request.input
             self.family.allgather(result.reshape(-1), [o * row_size for o in row_offsets])
         return result
@@ -106,11 +111,11 @@ class DeviceExecutor:
         op = message.op
         rows = even_counts(message.shape[0], self.size)
         row_size = math.prod(message.shape[1:])
-        with self._on_gpu([request]):
+        with self._on_gpu([request], lambda: self.cupy.empty((rows[self.rank],) + message.shape[1:],
+                                                             message.dtype)) as result:
             work = self.cupy.empty(math.prod(message.shape), message.dtype)
             source = self._contribution(request.input, work, message.prescale)
             mine = self.family.reducescatter(work, offsets_of([r * row_size for r in rows]), op, source)
-            result = self.cupy.empty((rows[self.rank],) + message.shape[1:], message.dtype)
             self._scale_result(mine, result.reshape(-1), op, message.postscale)
         return result
 

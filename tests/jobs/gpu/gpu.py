@@ -29,8 +29,12 @@ if sys.argv[2:] == ["mismatch"]:  # numpy on rank 0, CuPy elsewhere: every rank 
 
 
 def on_gpu(result):
+    """A result's host copy, once checked to be on this rank's GPU and, with the emulated CuPy, made
+    on the caller's stream (CuPy's pool would reuse a block made on the engine's stream there, in
+    the next collective, while the caller's stream may still read it)."""
     assert isinstance(result, cupy.ndarray), type(result)
     assert result.device.id == cupy.cuda.Device().id
+    assert getattr(result, "_stream", 0) == 0, "a result made on the engine's stream"
     return result.get()
 
 

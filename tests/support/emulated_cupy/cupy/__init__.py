@@ -24,6 +24,7 @@ class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
 
     def __array_finalize__(self, obj):
         self._device = getattr(obj, "_device", None)  # a view's, or set by _on_device
+        self._stream = getattr(obj, "_stream", None)
 
     @property
     def device(self):
@@ -49,6 +50,7 @@ def _on_device(array):
     cuda.make_context()
     array = array.view(ndarray)
     array._device = cuda.current()
+    array._stream = cuda.get_current_stream().ptr
     return array
 
 

@@ -2,8 +2,9 @@
 EMULATED_CUPY_SHARED_GPU=1, every rank on the same one), streams and events that are always
 complete, and copies that are memmoves.
 
-EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead (a node's), with a current
-device per thread, as CUDA's, that Device(i).use() sets, and arrays made on the current device of
+Arrays remember the stream current where they were made (`_stream`: CuPy's memory pool keeps a
+freed block for that stream). EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead
+(a node's), with a current device per thread, as CUDA's, that Device(i).use() sets, and arrays made on the current device of
 the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
 context of one process only, as under the exclusive-process compute mode: the first array a
 process makes on a device claims it (a file in DIR), and another process's first array there
@@ -112,13 +113,30 @@ class Stream(contextlib.nullcontext):
         while self.hung:
             time.sleep(0.01)
 
+    def __enter__(self):
+        _threads.streams = [*getattr(_threads, "streams", []), self]
+        return self
 
-_stream_numbers = itertools.count(1)  # 0 is CUDA's null stream
+    def __exit__(self, *exc):
+        _threads.streams.pop()
+        return False
+
+
+def get_current_stream():
+    """The calling thread's current stream (entered with `with stream:`), else the null stream."""
+    entered = getattr(_threads, "streams", [])
+    return entered[-1] if entered else Stream.null
+
+
+_stream_numbers = itertools.count(0)  # 0: CUDA's null stream, made below
 _streams = {}  # ptr -> Stream, for the emulated NCCL, which is given pointers
 
 
 def stream_at(ptr):
     return _streams.get(ptr)
+
+
+Stream.null = Stream()
 
 
 class runtime:  # noqa: N801  (CuPy's name)
