@@ -4,8 +4,8 @@ complete, and copies that are memmoves.
 
 Arrays remember the stream current where they were made (`_stream`: CuPy's memory pool keeps a
 freed block for that stream). EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead
-(a node's), with a current device per thread, as CUDA's, that Device(i).use() sets, and arrays made on the current device of
-the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
+(a node's), with a current device per thread, as CUDA's, that Device(i).use() sets, and arrays
+made on the current device of the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
 context of one process only, as under the exclusive-process compute mode: the first array a
 process makes on a device claims it (a file in DIR), and another process's first array there
 fails, as CUDA's cudaErrorDevicesUnavailable."""
