@@ -45,6 +45,17 @@ def test_collectives_on_the_gpu(tmp_path, ranks, transport):
         gpu_cases.check(got, rank, ranks)
 
 
+@pytest.mark.parametrize("ranks, transport", [(1, "auto"), (2, "auto"), (2, "staged"), (1, "nccl")])
+def test_work_the_caller_queued_is_waited_for_and_results_are_not_overwritten_while_read(ranks, transport):
+    """tests/jobs/gpu/streams.py: inputs made by long kernel chains on side CuPy and torch streams,
+    an alltoall from a side stream, and results freed while a kernel still reads them."""
+    if transport not in _transports(ranks):
+        pytest.skip(f"{transport} cannot run at {ranks} ranks here")
+    job = run_job(ranks, "gpu/streams.py", env={"RINGREDUCE_GPU_TRANSPORT": transport}, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert all(job.lines_of(rank) == [f"rank {rank}: every stream case exact"] for rank in range(ranks)), job.stdout
+
+
 def test_numpy_on_one_rank_and_cupy_on_the_other_is_named_on_both(tmp_path):
     _gpus()
     gpu_cases.check_mismatch(run_job(2, "gpu/gpu.py", tmp_path, "mismatch", timeout=120))

@@ -99,6 +99,16 @@ def test_the_gpu_check_walks_every_step_with_the_emulated_cupy(tmp_path):
                                                                    (2, "mpi"), (2, "staged")}
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_streams_job_runs_on_the_emulated_cupy(ranks):
+    """tests/jobs/gpu/streams.py is for a real GPU (test_gpu.py), where kernels run after the call
+    that queued them; here its calls and checks run once, small, so the GPU run does not find the
+    script broken."""
+    job = run_job(ranks, "gpu/streams.py", 64, env=emulated(), timeout=90)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert all(job.lines_of(rank) == [f"rank {rank}: every stream case exact"] for rank in range(ranks)), job.stdout
+
+
 def test_a_peer_that_dies_inside_nccl_is_aborted_and_the_survivors_go_on_in_place(tmp_path):
     """Open MPI with ULFM, an elastic job: world rank 2 of 3 dies inside its NCCL allreduce of
     step 5, and NCCL's kernels on the survivors wait for it for ever (the emulated NCCL's too).

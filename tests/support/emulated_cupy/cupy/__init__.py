@@ -70,6 +70,14 @@ def full(shape, value, dtype=None):
     return _on_device(np.full(shape, value, dtype))
 
 
+def eye(n, dtype=float):
+    return _on_device(np.eye(n, dtype=dtype))
+
+
+def asnumpy(array):
+    return np.array(array, copy=True).view(np.ndarray)
+
+
 def asarray(values, dtype=None):
     return _on_device(np.array(values, dtype=dtype, copy=True))
 
