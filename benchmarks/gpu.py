@@ -1,13 +1,18 @@
 """The GPU allreduce benchmark: the device transport chosen at init (RINGREDUCE_GPU_TRANSPORT),
-with and without FP16 compression, on float32 CuPy arrays from 1 MiB to 1 GiB.
+with and without FP16 compression, on float32 CuPy arrays from 4 KiB to 1 GiB.
 
     rrun -np 2 -x RINGREDUCE_GPU_TRANSPORT=staged python benchmarks/gpu.py OUT.json [--max-mib 1024]
 
 Through the engine as a user calls it, `allreduce_(x, op=Sum, compression=...)`, each result
 checked against the expected sum before it is timed (median of repeats after a warm-up). Beside
-it, the floor of this GPU in the same run: a device-to-device copy of the same size, and the
-pinned host<->device copies that staging pays. Rank 0 prints a table and adds its rows to
-OUT.json, so that runs under each transport and rank count (benchmarks/gpu_check.sh) fill one file.
+it, the floor of this GPU in the same run: a device-to-device copy of the same size (at 4 and
+64 KiB, the engine's own cost per call is the time over that copy's), and the pinned
+host<->device copies that staging pays. Where torch has CUDA, torch tensors of float32, float16
+and bfloat16 through ringreduce.torch, same sizes (bfloat16 travels as float32: CuPy has no
+bfloat16). Each row says whether the ranks share one GPU ("2 ranks sharing one GPU": NCCL refuses
+that, and staging's numbers are then one GPU's copy engines shared). Rank 0 prints a table and
+adds its rows to OUT.json, so that runs under each transport and rank count
+(benchmarks/gpu_check.sh) fill one file.
 """
 
 import argparse
@@ -37,35 +42,76 @@ def main():
     rr.init()
     rank, size = rr.rank(), rr.size()
     transport = runtime.active().gpu_transport
-    sizes = [1 << 20 << shift for shift in range(0, 11, 2) if (1 << shift) <= args.max_mib]
+    gpus = len(set(rr.allgather_object(cupy.cuda.Device().pci_bus_id, name="bench.gpus")))
+    placement = "one GPU per rank" if gpus == size else f"{size} ranks sharing {gpus} GPU(s)"
+    sizes = [4 << 10, 64 << 10] + [1 << 20 << shift for shift in range(0, 11, 2) if (1 << shift) <= args.max_mib]
     rows = []
     for nbytes in sizes:
         for compression in (rr.Compression.none, rr.Compression.fp16):
-            seconds = timed(nbytes, compression, rank, size, args.seconds_per_point)
-            rows.append({"ranks": size, "transport": transport, "compression": compression.name, "bytes": nbytes,
-                         "seconds": seconds, "algbw_GBps": nbytes / seconds / 1e9,
-                         "busbw_GBps": nbytes / seconds / 1e9 * BUS(size)})
+            seconds = timed(*cupy_call(nbytes, compression, rank), size, args.seconds_per_point)
+            rows.append(row(size, transport, placement, "float32", compression.name, nbytes, seconds))
+    for dtype, call in torch_calls(sizes, rank):
+        rows.append(row(size, transport, placement, dtype, "none", call[2],
+                        timed(*call[:2], size, args.seconds_per_point)))
     floors = [{"ranks": size, "bytes": n, **copy_floor(n)} for n in sizes]
     if rank == 0:
         report(rows, floors, size, args.output)
     rr.shutdown()
 
 
-def timed(nbytes, compression, rank, size, seconds_per_point):
-    """Median seconds of one in-place allreduce of `nbytes` of float32 (checked first)."""
-    count = nbytes // 4
-    x = cupy.full(count, rank + 1, dtype=cupy.float32)
-    rr.allreduce_(x, op=rr.Sum, compression=compression, name="bench")
-    expected = size * (size + 1) / 2
-    if not bool(cupy.all(x == expected)):
-        raise AssertionError(f"{compression.name} allreduce of {nbytes} bytes gave a wrong sum")
+def row(size, transport, placement, dtype, compression, nbytes, seconds):
+    return {"ranks": size, "transport": transport, "placement": placement, "dtype": dtype,
+            "compression": compression, "bytes": nbytes, "seconds": seconds, "algbw_GBps": nbytes / seconds / 1e9,
+            "busbw_GBps": nbytes / seconds / 1e9 * BUS(size)}
+
+
+def cupy_call(nbytes, compression, rank):
+    """(refill, allreduce) of `nbytes` of float32 CuPy array, in place, and its sum after it."""
+    x = cupy.full(nbytes // 4, rank + 1, dtype=cupy.float32)
+
+    def allreduce():
+        rr.allreduce_(x, op=rr.Sum, compression=compression, name="bench")
+        return x
+    return lambda: x.fill(rank + 1), allreduce
+
+
+def torch_calls(sizes, rank):
+    """(dtype, (refill, allreduce, bytes)) for CUDA torch tensors of float32, float16 and bfloat16
+    through ringreduce.torch, at the sizes from 1 MiB up; none without CUDA torch."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    import ringreduce.torch as rrt
+
+    calls = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for nbytes in (n for n in sizes if n >= 1 << 20):
+            tensor = torch.full((nbytes // dtype.itemsize,), rank + 1.0, dtype=dtype, device="cuda")
+
+            def allreduce(tensor=tensor):
+                rrt.allreduce_(tensor, op=rrt.Sum, name="bench.torch")
+                return cupy.asarray(tensor.float())
+            calls.append((f"torch {str(dtype).split('.')[-1]}", (lambda t=tensor: t.fill_(rank + 1.0), allreduce,
+                                                                 nbytes)))
+    return calls
+
+
+def timed(refill, allreduce, size, seconds_per_point):
+    """Median seconds of one call of `allreduce` (its sum checked first), `refill`ed before each:
+    in place, the sums grow each call, and fp16 would overflow to inf within 20."""
+    refill()
+    if not bool(cupy.all(allreduce() == size * (size + 1) / 2)):
+        raise AssertionError("an allreduce of the GPU benchmark gave a wrong sum")
 
     def once():
-        x.fill(rank + 1)  # in place, the sums grow each call: fp16 would overflow to inf within 20
+        refill()
         cupy.cuda.Device().synchronize()  # the refill is not timed
         rr.barrier()
         start = time.perf_counter()
-        rr.allreduce_(x, op=rr.Sum, compression=compression, name="bench")
+        allreduce()
         return time.perf_counter() - start
 
     times = [once() for _ in range(3)]
@@ -102,14 +148,17 @@ def report(rows, floors, size, output):
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     machine = (f"{props['name'].decode()}, {cupy.cuda.runtime.getDeviceCount()} GPU(s); "
                f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"GPU allreduce, {size} rank(s), float32, in place; {machine}")
-    print(f"{'transport':10s} {'fp16':>5s} {'size':>9s} {'time ms':>9s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}")
-    for row in rows:
-        print(f"{row['transport']:10s} {row['compression'] == 'fp16'!s:>5s} {row['bytes'] >> 20:>5d} MiB "
-              f"{row['seconds'] * 1e3:9.3f} {row['algbw_GBps']:11.2f} {row['busbw_GBps']:11.2f}")
+    print(f"GPU allreduce, {size} rank(s), {rows[0]['placement']}, in place; {machine}")
+    copies = {floor["bytes"]: floor["device_copy_seconds"] for floor in floors}
+    print(f"{'transport':10s} {'dtype':14s} {'fp16':>5s} {'size':>9s} {'time ms':>9s} {'algbw GB/s':>11s} "
+          f"{'busbw GB/s':>11s} {'x d2d copy':>11s}")
+    for line in rows:
+        print(f"{line['transport']:10s} {line['dtype']:14s} {line['compression'] == 'fp16'!s:>5s} "
+              f"{readable(line['bytes']):>9s} {line['seconds'] * 1e3:9.3f} {line['algbw_GBps']:11.2f} "
+              f"{line['busbw_GBps']:11.2f} {line['seconds'] / copies[line['bytes']]:11.1f}")
     print(f"{'floor':10s} {'size':>9s} {'d2d copy ms':>12s} {'download ms':>12s} {'upload ms':>10s}")
     for floor in floors:
-        print(f"{'':10s} {floor['bytes'] >> 20:>5d} MiB {floor['device_copy_seconds'] * 1e3:12.3f} "
+        print(f"{'':10s} {readable(floor['bytes']):>9s} {floor['device_copy_seconds'] * 1e3:12.3f} "
               f"{floor['download_seconds'] * 1e3:12.3f} {floor['upload_seconds'] * 1e3:10.3f}")
     saved = {"machine": machine, "cupy": cupy.__version__, "rows": [], "floors": []}
     if os.path.exists(output):
@@ -121,6 +170,10 @@ def report(rows, floors, size, output):
     saved["floors"] += floors
     with open(output, "w") as f:
         json.dump(saved, f, indent=2)
+
+
+def readable(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
 if __name__ == "__main__":

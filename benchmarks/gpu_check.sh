@@ -5,20 +5,22 @@
 #   2. runs the GPU tests (tests/jobs/gpu/test_gpu.py at 1 and 2 ranks sharing the GPU, and the GPU
 #      path's unit tests);
 #   3. runs the synthetic training example on the GPU at 1 and 2 ranks;
-#   4. runs the GPU allreduce benchmark (1 MiB to 1 GiB, with and without FP16) under each
-#      transport at 1 and 2 ranks: NCCL, CUDA-aware MPI where the library has it, staging;
+#   4. runs the GPU allreduce benchmark (4 KiB to 1 GiB, with and without FP16; torch float32,
+#      float16 and bfloat16 tensors) under each transport, what one GPU can show first: NCCL at 1
+#      rank, staging at 1 and 2 ranks (two ranks sharing one GPU), CUDA-aware MPI where the library
+#      has it, NCCL at 2 ranks where there are 2 GPUs;
 #   5. with the time left, the cost model's held-out check on one host at 4 and 8 ranks, each on a
 #      core of its own (this 2-core project VM can only run them crowded): cost_model.jsonl.
 # Results: benchmarks/results/gpu-DATE.json and gpu-DATE.log, copied to $OUT (when set) after every
 # step, so a run cut short keeps what it measured.
-# Every step has a time limit, cut to what is left of 7.5 minutes, so the check ends within 8.
+# Every step has a time limit, cut to what is left of 5 minutes, so the check ends within 5.5.
 #   --dry-run: on a machine without a GPU, walk every step with the emulated CuPy
 #   (tests/support/emulated_cupy), the smallest sizes and no install, into a temporary folder:
 #   a check of the script itself, in under a minute. Its numbers mean nothing.
 set -uo pipefail
 DRY_RUN=0
 [ "${1:-}" = "--dry-run" ] && DRY_RUN=1
-END=$((SECONDS + 450))
+END=$((SECONDS + 300))
 limit() {  # the smaller of $1 seconds and what is left (at least 5)
   local left=$((END - SECONDS))
   if ((left < $1)); then echo $((left > 5 ? left : 5)); else echo "$1"; fi
@@ -35,7 +37,7 @@ if ((DRY_RUN)); then
   SECONDS_PER_POINT=0.01
   # One GPU, as on the machine the check is for.
   export PYTHONPATH="$PWD/tests/support/emulated_cupy${PYTHONPATH:+:$PYTHONPATH}" RINGREDUCE_CUDA_AWARE_MPI=1 \
-    EMULATED_CUPY_SHARED_GPU=1
+    EMULATED_CUPY_SHARED_GPU=1 RINGREDUCE_TEST_STREAMS_SIDE=64
 fi
 JSON=$RESULTS/gpu-$DAY.json
 LOG=$RESULTS/gpu-$DAY.log
@@ -66,7 +68,7 @@ timeout "$(limit 60)" rrun --check-build
   || { echo "no usable GPU: this check would prove nothing here"; exit 3; }
 
 echo "== GPU tests"
-timeout "$(limit 240)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/jobs/gpu/test_gpu.py tests/unit/test_gpu_logic.py
+timeout "$(limit 150)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/jobs/gpu/test_gpu.py tests/unit/test_gpu_logic.py
 tests=$?
 save
 
@@ -77,13 +79,13 @@ for ranks in 1 2; do
 done
 
 echo "== GPU allreduce benchmark"
-for ranks in 1 2; do
-  for transport in nccl mpi staged; do
-    echo "-- $ranks rank(s), $transport"
-    timeout "$(limit 90)" rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
-      --max-mib "$MAX_MIB" --seconds-per-point "$SECONDS_PER_POINT" || echo "(not run: $transport at $ranks rank(s), see above)"
-    save
-  done
+for run in 1:nccl 1:staged 2:staged 1:mpi 2:mpi 2:nccl; do
+  ranks=${run%%:*} transport=${run#*:}
+  if ((END - SECONDS < 20)); then echo "-- $ranks rank(s), $transport: not run (time is up)"; continue; fi
+  echo "-- $ranks rank(s), $transport"
+  timeout "$(limit 60)" rrun -np "$ranks" -x RINGREDUCE_GPU_TRANSPORT="$transport" "$PYTHON" benchmarks/gpu.py "$JSON" \
+    --max-mib "$MAX_MIB" --seconds-per-point "$SECONDS_PER_POINT" || echo "(not run: $transport at $ranks rank(s), see above)"
+  save
 done
 
 echo "== the cost model on this machine's cores (two-rank probe; 4 and 8 ranks held out)"

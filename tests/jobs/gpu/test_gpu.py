@@ -2,6 +2,8 @@
 transport, at 1 and 2 ranks (2 ranks share one GPU where there is only one). Skips where CuPy
 has no usable GPU, as on the CPU test machines; benchmarks/gpu_check.sh runs it on a GPU."""
 
+import os
+
 import gpu_cases
 import numpy as np
 import pytest
@@ -51,7 +53,8 @@ def test_work_the_caller_queued_is_waited_for_and_results_are_not_overwritten_wh
     an alltoall from a side stream, and results freed while a kernel still reads them."""
     if transport not in _transports(ranks):
         pytest.skip(f"{transport} cannot run at {ranks} ranks here")
-    job = run_job(ranks, "gpu/streams.py", env={"RINGREDUCE_GPU_TRANSPORT": transport}, timeout=180)
+    side = os.environ.get("RINGREDUCE_TEST_STREAMS_SIDE", "1024")  # gpu_check.sh --dry-run: small
+    job = run_job(ranks, "gpu/streams.py", side, env={"RINGREDUCE_GPU_TRANSPORT": transport}, timeout=180)
     assert job.returncode == 0, job.stderr[-3000:]
     assert all(job.lines_of(rank) == [f"rank {rank}: every stream case exact"] for rank in range(ranks)), job.stdout
 
