@@ -25,6 +25,7 @@ class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
     def __array_finalize__(self, obj):
         self._device = getattr(obj, "_device", None)  # a view's, or set by _on_device
         self._stream = getattr(obj, "_stream", None)
+        cuda.allocated(self)  # new memory where numpy made it for an operation on device arrays
 
     @property
     def device(self):
@@ -46,8 +47,10 @@ class _Pointer:
 
 
 def _on_device(array):
-    """A new device array, on the calling thread's current device."""
+    """A new device array, on the calling thread's current device, its memory known as device
+    memory (cuda.check_device_pointer) while it lives."""
     cuda.make_context()
+    cuda.allocated(array)
     array = array.view(ndarray)
     array._device = cuda.current()
     array._stream = cuda.get_current_stream().ptr

@@ -16,6 +16,9 @@ import itertools
 import os
 import threading
 import time
+import weakref
+
+import numpy
 
 from cupy.cuda import nccl  # noqa: F401  (cupy.cuda.nccl, as CuPy has it)
 
@@ -139,6 +142,30 @@ def stream_at(ptr):
 Stream.null = Stream()
 
 
+_allocations = {}  # address -> (bytes, device) of each live device array's memory
+
+
+def allocated(array):
+    """Remember the memory of `array` (of the array that owns it) as device memory of the current
+    device, until it is freed."""
+    while isinstance(array.base, numpy.ndarray):
+        array = array.base
+    address = array.ctypes.data
+    if address not in _allocations:
+        _allocations[address] = (array.nbytes, current())
+        weakref.finalize(array, _allocations.pop, address, None)
+
+
+def check_device_pointer(pointer, nbytes, what):
+    """Raise, as CUDA would fault, unless [pointer, pointer + nbytes) lies in live device memory;
+    returns the device it is on."""
+    for address, (size, device) in list(_allocations.items()):  # another thread may free one meanwhile
+        if address <= pointer and pointer + nbytes <= address + size:
+            return device
+    raise CUDARuntimeError(f"cudaErrorIllegalAddress: {what} at {pointer:#x} ({nbytes} bytes) is not in any "
+                           "live device array")
+
+
 class runtime:  # noqa: N801  (CuPy's name)
     memcpyHostToDevice, memcpyDeviceToHost = 1, 2
 
@@ -154,6 +181,8 @@ class runtime:  # noqa: N801  (CuPy's name)
 
     @staticmethod
     def memcpyAsync(dst, src, size, kind, stream):  # noqa: N802
+        device = dst if kind == runtime.memcpyHostToDevice else src
+        check_device_pointer(device, size, "the device side of a copy")
         ctypes.memmove(dst, src, size)
 
 

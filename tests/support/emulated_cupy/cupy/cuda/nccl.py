@@ -36,7 +36,12 @@ def get_unique_id():
 
 
 def _array(pointer, count, datatype):
+    """The `count` elements of `datatype` at device pointer `pointer`, which must be live device
+    memory of the current device (NCCL's communicator is bound to its device)."""
     dtype = np.dtype(_DTYPES[datatype])
+    device = cuda.check_device_pointer(pointer, count * dtype.itemsize, "an NCCL buffer")
+    if device != cuda.current():
+        raise NcclError(f"NCCL error: invalid argument (a buffer on GPU {device}, GPU {cuda.current()} current)")
     return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(pointer), dtype)
 
 
@@ -50,6 +55,7 @@ class NcclCommunicator:
         assert (self.comm.size, self.comm.rank) == (ndev, rank)
         assert self.comm.allgather(comm_id) == [comm_id] * ndev, "the ranks were given different unique ids"
         self._peers = [pid for pid in self.comm.allgather(os.getpid()) if pid != os.getpid()]
+        self._device = cuda.current()  # NCCL binds a communicator to the device current at its making
         self._hung = []  # the streams this communicator hung
         self._aborted = False
 
@@ -57,6 +63,9 @@ class NcclCommunicator:
         """Every rank's `send`, or None where a peer died first (then `stream` hangs)."""
         if self._aborted:
             raise NcclError("NCCL error: invalid usage (the communicator was aborted)")
+        if cuda.current() != self._device:
+            raise NcclError(f"NCCL error: invalid usage (the communicator's GPU {self._device} is not current: "
+                            f"GPU {cuda.current()} is)")
         _calls.append(len(_calls))
         if os.environ.get("EMULATED_NCCL_DIE") == f"{MPI.COMM_WORLD.rank}:{len(_calls)}":
             os.kill(os.getpid(), signal.SIGKILL)
