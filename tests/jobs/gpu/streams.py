@@ -1,8 +1,9 @@
 """Work the caller queued and did not wait for, through the collectives: what only a real GPU, whose
 kernels run after the call that queued them returns, can show.
 
-- An input made by a long kernel chain on a side CuPy stream, allreduced and alltoall'ed from
-  inside that stream (ringreduce's ready event is recorded there: the engine must wait for it).
+- An input made by a long kernel chain on a side CuPy stream, allreduced and alltoall'ed (plain
+  and async) from inside that stream (ringreduce's ready event is recorded there: the engine,
+  whose own thread reads the async alltoall's input, must wait for it).
 - A result read by a long kernel chain on the caller's stream and freed at once, before the next
   collective, whose result may take the same memory (it must not be written while still read).
 - A CUDA torch tensor made by a long chain on a side torch stream (DLPack makes CuPy wait for it).
@@ -43,11 +44,15 @@ with side:
     summed = rr.allreduce(made, op=rr.Sum, name="side.allreduce")
     rows = long_chain(cupy.full((SIDE, SIDE), float(rank), dtype=cupy.float32))
     exchanged = rr.alltoall(rows, name="side.alltoall")
+    later = long_chain(cupy.full((SIDE, SIDE), float(rank), dtype=cupy.float32))
+    handle = rr.alltoall_async(later, name="side.alltoall_async")  # read by the engine's thread
+exchanged_async = rr.synchronize(handle)
 side.synchronize()
 expect("allreduce of a side stream's input", summed, total)
 part = SIDE // size
 for source in range(size):
-    expect(f"alltoall block from rank {source}", exchanged[source * part:(source + 1) * part], float(source))
+    for name, result in (("alltoall", exchanged), ("alltoall_async", exchanged_async)):
+        expect(f"{name} block from rank {source}", result[source * part:(source + 1) * part], float(source))
 
 readers = []
 for step in range(4):

@@ -1,15 +1,17 @@
 """cupy.cuda, emulated: one device per process, as when each rank sees its own GPU (or, with
-EMULATED_CUPY_SHARED_GPU=1, every rank on the same one), streams and events that are always
-complete, and copies that are memmoves.
+EMULATED_CUPY_SHARED_GPU=1, every rank on the same one), streams that queue their work until
+something waits for it (Stream), copies that are memmoves queued on their stream, and device
+memory that pointers are checked against.
 
 Arrays remember the stream current where they were made (`_stream`: CuPy's memory pool keeps a
 freed block for that stream). EMULATED_CUPY_DEVICES=N shows every process the same N GPUs instead
 (a node's), with a current device per thread, as CUDA's, that Device(i).use() sets, and arrays
-made on the current device of the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as well, a GPU takes the
-context of one process only, as under the exclusive-process compute mode: the first array a
+made on the current device of the thread that made them; with EMULATED_CUPY_EXCLUSIVE_DIR=DIR as
+well, a GPU takes the context of one process only, as under the exclusive-process compute mode: the first array a
 process makes on a device claims it (a file in DIR), and another process's first array there
 fails, as CUDA's cudaErrorDevicesUnavailable."""
 
+import collections
 import contextlib
 import ctypes
 import itertools
@@ -63,7 +65,8 @@ class Device:
         _threads.device = self.id
 
     def synchronize(self):
-        pass
+        for stream in list(_streams.values()):
+            stream.synchronize()
 
     def __enter__(self):
         self._previous = current()
@@ -76,17 +79,18 @@ class Device:
 
 
 class Event:
-    """Complete at once, unless recorded on a stream whose work hangs (see Stream)."""
+    """A point in a stream's queue: done once the stream has run its work up to that point."""
 
     def __init__(self, disable_timing=False):
-        self._stream = None
+        self._stream, self._position = None, 0
 
     def record(self, stream=None):
-        self._stream = stream
+        self._stream = get_current_stream() if stream is None else stream
+        self._position = self._stream.queued
 
     @property
     def done(self):
-        return self._stream is None or not self._stream.hung
+        return self._stream is None or self._stream.run_until(self._position)
 
     def synchronize(self):
         while not self.done:
@@ -94,15 +98,49 @@ class Event:
 
 
 class Stream(contextlib.nullcontext):
-    """Its work is done as it is queued, except where the emulated NCCL hangs it (a peer died
-    mid-collective, as a real NCCL kernel then spins forever): from then on its events are never
-    done and synchronize() never returns, until that NCCL communicator is aborted."""
+    """A queue of work, as a CUDA stream: kernels, copies and NCCL calls queued on a stream other
+    than the null stream run only when the stream is synchronized, an event recorded on it is
+    waited for or asked whether it is done, or a host operation on a device array runs with the
+    stream current (each in submission order), so a missing wait reads stale data. Work queued on
+    the null stream runs at once. The emulated NCCL hangs a stream whose collective lost a peer
+    (as a real NCCL kernel then spins forever): its later work never runs, its events are never
+    done and synchronize() never returns, until that communicator is aborted."""
 
     def __init__(self, non_blocking=False):
         super().__init__()
         self.ptr = next(_stream_numbers)
         self.hung = False
+        self.queued = 0  # how much work was ever queued here; self.ran: how much has run
+        self.ran = 0
+        self._work = collections.deque()
+        self._lock = threading.RLock()
         _streams[self.ptr] = self
+
+    def enqueue(self, work):
+        """Queue `work()` (which returns False where it hangs the stream), or run it now on the null stream."""
+        with self._lock:
+            self._work.append(work)
+            self.queued += 1
+        if self.ptr == 0:
+            self.run_until(self.queued)
+
+    def run_until(self, position):
+        """Run the queued work up to `position`; whether all of it has run (not while hung)."""
+        with self._lock:
+            while self.ran < position and not self.hung:
+                if self._work[0]() is False:
+                    self.hung = True
+                    break
+                self._work.popleft()
+                self.ran += 1
+            return self.ran >= position and not self.hung
+
+    def abandon(self):
+        """What aborting the NCCL communicator that hung this stream does: its queued work is dropped."""
+        with self._lock:
+            self.ran += len(self._work)
+            self._work.clear()
+            self.hung = False
 
     def record(self):
         event = Event()
@@ -110,10 +148,10 @@ class Stream(contextlib.nullcontext):
         return event
 
     def wait_event(self, event):
-        event.synchronize()
+        self.enqueue(lambda: event.synchronize())
 
     def synchronize(self):
-        while self.hung:
+        while not self.run_until(self.queued):
             time.sleep(0.01)
 
     def __enter__(self):
@@ -183,7 +221,9 @@ class runtime:  # noqa: N801  (CuPy's name)
     def memcpyAsync(dst, src, size, kind, stream):  # noqa: N802
         device = dst if kind == runtime.memcpyHostToDevice else src
         check_device_pointer(device, size, "the device side of a copy")
-        ctypes.memmove(dst, src, size)
+        def copy():
+            ctypes.memmove(dst, src, size)
+        stream_at(stream).enqueue(copy)
 
 
 def alloc_pinned_memory(nbytes):

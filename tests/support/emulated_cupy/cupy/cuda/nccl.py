@@ -59,27 +59,31 @@ class NcclCommunicator:
         self._hung = []  # the streams this communicator hung
         self._aborted = False
 
-    def _gathered(self, send, stream):
-        """Every rank's `send`, or None where a peer died first (then `stream` hangs)."""
+    def _queue(self, send, stream, finish):
+        """Queue on `stream` a collective of `send` (pointer, count, datatype) that hands every
+        rank's data to `finish`. It runs when the stream's work reaches it; where a peer has died
+        first it hangs the stream instead."""
         if self._aborted:
             raise NcclError("NCCL error: invalid usage (the communicator was aborted)")
         if cuda.current() != self._device:
             raise NcclError(f"NCCL error: invalid usage (the communicator's GPU {self._device} is not current: "
                             f"GPU {cuda.current()} is)")
-        _calls.append(len(_calls))
-        if os.environ.get("EMULATED_NCCL_DIE") == f"{MPI.COMM_WORLD.rank}:{len(_calls)}":
-            os.kill(os.getpid(), signal.SIGKILL)
-        everyone = np.empty((self.comm.size, len(send)), send.dtype)
-        request = self.comm.Iallgather(send.copy().view(np.uint8), everyone.view(np.uint8))
-        while not _test(request):
-            if not all(_alive(pid) for pid in self._peers):
-                hung = cuda.stream_at(stream)
-                if hung is not None:
-                    hung.hung = True
-                    self._hung.append(hung)
-                return None
-            time.sleep(0.0005)
-        return everyone
+        queue = cuda.stream_at(stream)
+        mine = _array(*send)  # checked now, read when run
+
+        def collective():
+            _calls.append(len(_calls))
+            if os.environ.get("EMULATED_NCCL_DIE") == f"{MPI.COMM_WORLD.rank}:{len(_calls)}":
+                os.kill(os.getpid(), signal.SIGKILL)
+            everyone = np.empty((self.comm.size, len(mine)), mine.dtype)
+            request = self.comm.Iallgather(mine.copy().view(np.uint8), everyone.view(np.uint8))
+            while not _test(request):
+                if not all(_alive(pid) for pid in self._peers):
+                    self._hung.append(queue)
+                    return False
+                time.sleep(0.0005)
+            finish(everyone)
+        queue.enqueue(collective)
 
     def check_async_error(self):
         pass  # a dead peer makes NCCL wait, not fail
@@ -90,29 +94,28 @@ class NcclCommunicator:
         if self._hung and hasattr(self.comm, "Revoke"):
             self.comm.Revoke()  # MPI's fault tolerance (ULFM): the errored gather is not waited for at exit
         for stream in self._hung:
-            stream.hung = False
+            stream.abandon()
         self._hung.clear()
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, count, datatype), stream)
-        if everyone is not None:
-            _array(recvbuf, count, datatype)[...] = _UFUNCS[op].reduce(everyone, axis=0)
+        received = _array(recvbuf, count, datatype)
+        self._queue((sendbuf, count, datatype), stream,
+                    lambda everyone: received.__setitem__(..., _UFUNCS[op].reduce(everyone, axis=0)))
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, recvcount * self.comm.size, datatype), stream)
+        received = _array(recvbuf, recvcount, datatype)
         mine = slice(self.comm.rank * recvcount, (self.comm.rank + 1) * recvcount)
-        if everyone is not None:
-            _array(recvbuf, recvcount, datatype)[...] = _UFUNCS[op].reduce(everyone[:, mine], axis=0)
+        self._queue((sendbuf, recvcount * self.comm.size, datatype), stream,
+                    lambda everyone: received.__setitem__(..., _UFUNCS[op].reduce(everyone[:, mine], axis=0)))
 
     def allGather(self, sendbuf, recvbuf, sendcount, datatype, stream):  # noqa: N802
-        everyone = self._gathered(_array(sendbuf, sendcount, datatype), stream)
-        if everyone is not None:
-            _array(recvbuf, sendcount * self.comm.size, datatype)[...] = everyone.reshape(-1)
+        received = _array(recvbuf, sendcount * self.comm.size, datatype)
+        self._queue((sendbuf, sendcount, datatype), stream,
+                    lambda everyone: received.__setitem__(..., everyone.reshape(-1)))
 
     def broadcast(self, sendbuf, recvbuf, count, datatype, root, stream):
-        everyone = self._gathered(_array(sendbuf, count, datatype), stream)
-        if everyone is not None:
-            _array(recvbuf, count, datatype)[...] = everyone[root]
+        received = _array(recvbuf, count, datatype)
+        self._queue((sendbuf, count, datatype), stream, lambda everyone: received.__setitem__(..., everyone[root]))
 
 
 _calls = []  # one entry per collective this process made, for EMULATED_NCCL_DIE
