@@ -51,14 +51,31 @@ class Config:
     # Plain allreduces on up to 8 ranks pair up in program order, small ones with their data
     # (engine/plain_calls.py); off: through the engine, as every other call.
     program_order: bool = True
+    # Every float sum and product adds the ranks' values in rank order, element by element, whatever
+    # the family, fusion, piece size and arrival order: the same bits in every run.
+    deterministic: bool = False
 
     @classmethod
     def from_env(cls, environ=os.environ):
-        values = {knob.field: knob.read(environ, getattr(cls, knob.field)) for knob in KNOBS if knob.field}
+        values = {knob.field: knob.read(environ, _default(knob.field)) for knob in KNOBS if knob.field}
         if values["hierarchical"] and values["algorithm"] not in ("auto", "shm"):
             raise ValueError(f"RINGREDUCE_HIERARCHICAL=1 needs RINGREDUCE_ALGORITHM auto or shm, not "
                              f"{values['algorithm']}")
         return cls(**values)
+
+
+# Where a binding says a knob's default comes from when its variable is unset, read at init
+# (ringreduce.torch: `deterministic` from torch.use_deterministic_algorithms).
+_LENT_DEFAULTS: dict = {}
+
+
+def lend_default(field: str, read) -> None:
+    """Take Config field `field`'s default from `read()` at init, where its variable is unset."""
+    _LENT_DEFAULTS[field] = read
+
+
+def _default(field):
+    return _LENT_DEFAULTS[field]() if field in _LENT_DEFAULTS else getattr(Config, field)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +148,9 @@ KNOBS = (
               "submitted anywhere, for requests others have not submitted) on every rank (0: never)."),
     Knob("stall_stacks", "RINGREDUCE_STALL_STACKS", "switch", flag="--stall-stacks",
          help="With a stall warning, every rank also prints its Python stacks."),
+    Knob("deterministic", "RINGREDUCE_DETERMINISTIC", "switch", flag="--deterministic",
+         help="Float sums and products add the ranks' values in rank order, the same bits whatever the "
+              "algorithm, fusion and timing (on GPU arrays, through host memory)."),
     Knob("straggler_report", "RINGREDUCE_STRAGGLER_REPORT", "switch", flag="--straggler-report",
          help="At shutdown, rank 0 prints which ranks kept the others waiting."),
     Knob("pipeline_chunk_bytes", "RINGREDUCE_PIPELINE_CHUNK_BYTES", "int", minimum=1),

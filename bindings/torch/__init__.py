@@ -9,6 +9,7 @@ collectives on tensors, and data-parallel training in two lines.
 
 import ringreduce
 import torch
+from ringreduce import config
 from ringreduce.numerics.kernels import lend
 from ringreduce.torch import checkpoint, elastic, process_group  # noqa: F401
 from ringreduce.torch.compression import Compression  # noqa: F401
@@ -53,6 +54,9 @@ from ringreduce.torch.tensors import (  # noqa: F401
 from ringreduce.training.powersgd import PowerSGD  # noqa: F401
 
 globals().update((name, getattr(ringreduce, name)) for name in ringreduce.WITHOUT_ARRAYS)
+# torch.use_deterministic_algorithms(True) before init asks for reductions in rank order too
+# (RINGREDUCE_DETERMINISTIC, where set, decides).
+config.lend_default("deterministic", torch.are_deterministic_algorithms_enabled)
 lend(TorchKernels())  # the casts and sums of fp16 and bf16 on the wire, 2-7x faster than numpy's
 if torch.distributed.is_available():
     process_group.register()  # dist.init_process_group("ringreduce")

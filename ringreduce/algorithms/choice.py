@@ -9,11 +9,13 @@ from ringreduce.algorithms import cost
 from ringreduce.algorithms.device import CudaAwareMpi, CupyApi, Nccl, Staged
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.algorithms.rank_order import RankOrderFamily
 from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.errors import RingReduceError
 from ringreduce.machine import gpu
 from ringreduce.machine.segment import Segment
 from ringreduce.machine.transport import MPITransport
+from ringreduce.numerics import reduction
 
 # MPI's own allreduces below this size run as persistent ones (mpi_native.py): there the call
 # itself is what costs.
@@ -26,11 +28,12 @@ class AlgorithmSelector:
     """The host families' calls (contract.HostFamily), each handed to the family that `tables`
     names for that collective and size."""
 
-    def __init__(self, tables, families, segment=None, any_dtype=None):
+    def __init__(self, tables, families, segment=None, any_dtype=None, rank_order=None):
         """`tables`: collective -> [(from_bytes, family name), ...] in increasing sizes, the first
         from 0. `any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
-        picked cannot."""
-        self.tables = tables
+        picked cannot. `rank_order` (RINGREDUCE_DETERMINISTIC) runs every reduction whose bits
+        depend on the order of addition."""
+        self.tables, self.rank_order = tables, rank_order
         self._starts = {c: [start for start, _ in rows] for c, rows in tables.items()}
         self._chosen = {c: [families[name] for _, name in rows] for c, rows in tables.items()}
         self.families, self.segment, self.any_dtype = families, segment, any_dtype
@@ -38,19 +41,21 @@ class AlgorithmSelector:
     def _pick(self, collective, nbytes):
         return self._chosen[collective][bisect.bisect_right(self._starts[collective], nbytes) - 1]
 
-    def _reducer(self, collective, buf):
+    def _reducer(self, collective, buf, op):
+        if self.rank_order is not None and reduction.order_sensitive(op, buf.dtype):
+            return self.rank_order
         family = self._pick(collective, buf.nbytes)
         return family if family.reduces_any_dtype or buf.dtype.kind != "V" else self.any_dtype
 
     def allreduce(self, buf, op, source=None, scale_result=None):
-        self._reducer("allreduce", buf).allreduce(buf, op, source, scale_result)
+        self._reducer("allreduce", buf, op).allreduce(buf, op, source, scale_result)
 
     def reads_concatenation_at(self, nbytes):
         """Does the family that runs an allreduce of `nbytes` read a fused group where it lies?"""
-        return self._pick("allreduce", nbytes).reads_concatenation
+        return self.rank_order is None and self._pick("allreduce", nbytes).reads_concatenation
 
     def reducescatter(self, buf, offsets, op, source=None):
-        return self._reducer("reducescatter", buf).reducescatter(buf, offsets, op, source)
+        return self._reducer("reducescatter", buf, op).reducescatter(buf, offsets, op, source)
 
     def allgather(self, buf, offsets):
         self._pick("allgather", buf.nbytes).allgather(buf, offsets)
@@ -108,7 +113,8 @@ def select(config, topology, comm, host_comm, cross_comm, profile=cost.DEFAULT):
         families["shm"] = SharedMemory(segment)
         cross = RingFamily(MPITransport(cross_comm), config.pipeline_chunk_bytes)
         families["hierarchical"] = SharedMemory(segment, cross.allreduce)
-    return AlgorithmSelector(tables, families, segment, families["ring"])
+    rank_order = RankOrderFamily(transport) if config.deterministic else None
+    return AlgorithmSelector(tables, families, segment, families["ring"], rank_order)
 
 
 def device_family(transport, host, comm, config):
@@ -118,9 +124,9 @@ def device_family(transport, host, comm, config):
     def build():
         cupy = gpu.require_cupy()
         api = CupyApi(cupy)
-        if transport == "mpi":
-            return CudaAwareMpi(MPITransport(comm), api.stream())
         staged = Staged(api, host, comm.rank, config.pipeline_chunk_bytes)
-        return Nccl(cupy, gpu.nccl_module(), comm, staged) if transport == "nccl" else staged
+        if transport == "mpi":
+            return CudaAwareMpi(MPITransport(comm), staged, config.deterministic)
+        return Nccl(cupy, gpu.nccl_module(), comm, staged, config.deterministic) if transport == "nccl" else staged
 
     return build

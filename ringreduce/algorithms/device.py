@@ -13,6 +13,7 @@ import numpy as np
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
 from ringreduce.machine import faults
 from ringreduce.machine.memory import Workspace
+from ringreduce.numerics import reduction
 from ringreduce.ops import ReduceOp
 
 # How often a wait for NCCL's work looks for a failed rank: the first waits are short, so a small
@@ -23,10 +24,12 @@ _POLL_SECONDS = (0.00002, 0.0001, 0.001)
 class Nccl:
     """NCCL through cupy.cuda.nccl, its communicator made at the first device collective (when
     every rank runs the same one) from a unique id that rank 0 broadcasts over MPI. Dtypes NCCL
-    lacks (int16) go through `fallback`."""
+    lacks (int16) go through `fallback`, and so do float sums and products where they must add
+    in rank order (`rank_ordered`: NCCL's order depends on where an element lies)."""
 
-    def __init__(self, cupy, nccl, comm, fallback):
+    def __init__(self, cupy, nccl, comm, fallback, rank_ordered=False):
         self.cupy, self.nccl, self.comm, self.fallback = cupy, nccl, comm, fallback
+        self.rank_ordered = rank_ordered
         self.stream = fallback.stream
         self._communicator = None
         self._types = {np.dtype(name): getattr(nccl, "NCCL_" + name.upper()) for name in
@@ -64,8 +67,11 @@ class Nccl:
             self._communicator.abort()
             self._communicator = None
 
+    def _falls_back(self, buf, op):
+        return buf.dtype not in self._types or self.rank_ordered and reduction.order_sensitive(op, buf.dtype)
+
     def allreduce(self, buf, op, source=None):
-        if buf.dtype not in self._types:
+        if self._falls_back(buf, op):
             return self.fallback.allreduce(buf, op, source)
         if buf.size == 0:  # the same on every rank: nothing to do anywhere
             return
@@ -75,7 +81,7 @@ class Nccl:
 
     def reducescatter(self, buf, offsets, op, source=None):
         """NCCL scatters equal blocks: uneven ones travel padded to the largest."""
-        if buf.dtype not in self._types:
+        if self._falls_back(buf, op):
             return self.fallback.reducescatter(buf, offsets, op, source)
         send, rank, size = buf if source is None else source, self.comm.rank, self.comm.size
         counts = np.diff(offsets).tolist()
@@ -138,20 +144,26 @@ def _padded(cupy, send, offsets, block):
 
 class CudaAwareMpi:
     """The MPI library's own collectives on device buffers (only where it takes them). MPI knows
-    nothing of our stream, so each call first waits for the kernels queued on it."""
+    nothing of our stream, so each call first waits for the kernels queued on it. Float sums and
+    products that must add in rank order (`rank_ordered`) go through `staged`, which shares its
+    stream."""
 
-    def __init__(self, transport, stream):
-        self.stream = stream
+    def __init__(self, transport, staged, rank_ordered=False):
+        self.stream, self.staged, self.rank_ordered = staged.stream, staged, rank_ordered
         self.mpi = MPIAlgorithms(transport)
 
     def synchronize(self):
         self.stream.synchronize()
 
     def allreduce(self, buf, op, source=None):
+        if self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
+            return self.staged.allreduce(buf, op, source)
         self.stream.synchronize()
         self.mpi.allreduce(buf, op, source)
 
     def reducescatter(self, buf, offsets, op, source=None):
+        if self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
+            return self.staged.reducescatter(buf, offsets, op, source)
         self.stream.synchronize()
         return self.mpi.reducescatter(buf, offsets, op, source)
 

@@ -22,6 +22,13 @@ def ufunc(op, dtype=None):
     return _UFUNCS[op] if dtype is None else kernels.combiner(_UFUNCS[op], op, np.dtype(dtype))
 
 
+def order_sensitive(op, dtype):
+    """Do the result's bits depend on the order in which the ranks' values are combined? For
+    float sums and products, yes (floating-point addition is not associative); integers, Min and
+    Max are exact in any order."""
+    return op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT) and np.dtype(dtype).kind in "fcV"
+
+
 def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
     """Raise if `op` or the scaling has no meaning for `dtype` (bool supports only Min/Max/Product)."""
     if op == ReduceOp.ADASUM:

@@ -176,3 +176,19 @@ def expected_topology(size, hosts):
         rows.append([rank, size, local_rank, per_host[host_of[rank]],
                      same_local_rank.index(host_of[rank]), len(same_local_rank)])
     return rows
+
+
+def mixed_magnitudes(rank, length, salt=0):
+    """Float32 reals of magnitudes 1e-6 to 1e6: where their sum rounds depends on the order in
+    which the ranks' values are added."""
+    rng = np.random.default_rng([rank, length, salt, 17])
+    return (rng.standard_normal(length) * 10.0 ** rng.integers(-6, 7, length)).astype(np.float32)
+
+
+def rank_order_sum(arrays):
+    """The arrays added in rank order, element by element, in their dtype: what every float sum
+    gives under RINGREDUCE_DETERMINISTIC."""
+    total = arrays[0].copy()
+    for array in arrays[1:]:
+        np.add(total, array, out=total)
+    return total
