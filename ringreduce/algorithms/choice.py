@@ -31,8 +31,8 @@ class AlgorithmSelector:
     def __init__(self, tables, families, segment=None, any_dtype=None, rank_order=None):
         """`tables`: collective -> [(from_bytes, family name), ...] in increasing sizes, the first
         from 0. `any_dtype` reduces the dtypes MPI has no datatype for (bfloat16), where the family
-        picked cannot. `rank_order` (RINGREDUCE_DETERMINISTIC) runs every reduction whose bits
-        depend on the order of addition."""
+        picked cannot. `rank_order` (RINGREDUCE_DETERMINISTIC) runs the reductions whose bits
+        depend on the order of addition where the family picked does not add in rank order."""
         self.tables, self.rank_order = tables, rank_order
         self._starts = {c: [start for start, _ in rows] for c, rows in tables.items()}
         self._chosen = {c: [families[name] for _, name in rows] for c, rows in tables.items()}
@@ -42,9 +42,9 @@ class AlgorithmSelector:
         return self._chosen[collective][bisect.bisect_right(self._starts[collective], nbytes) - 1]
 
     def _reducer(self, collective, buf, op):
-        if self.rank_order is not None and reduction.order_sensitive(op, buf.dtype):
-            return self.rank_order
         family = self._pick(collective, buf.nbytes)
+        if self.rank_order is not None and not family.adds_in_rank_order and reduction.order_sensitive(op, buf.dtype):
+            return self.rank_order
         return family if family.reduces_any_dtype or buf.dtype.kind != "V" else self.any_dtype
 
     def allreduce(self, buf, op, source=None, scale_result=None):
@@ -52,7 +52,8 @@ class AlgorithmSelector:
 
     def reads_concatenation_at(self, nbytes):
         """Does the family that runs an allreduce of `nbytes` read a fused group where it lies?"""
-        return self.rank_order is None and self._pick("allreduce", nbytes).reads_concatenation
+        family = self._pick("allreduce", nbytes)
+        return family.reads_concatenation and (self.rank_order is None or family.adds_in_rank_order)
 
     def reducescatter(self, buf, offsets, op, source=None):
         return self._reducer("reducescatter", buf, op).reducescatter(buf, offsets, op, source)

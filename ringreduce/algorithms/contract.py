@@ -22,6 +22,9 @@ class HostFamily(typing.Protocol):
     reads_concatenation: bool
     # Can it reduce any dtype numpy can add (ml_dtypes' bfloat16 too), not only MPI's datatypes?
     reduces_any_dtype: bool
+    # Does it combine every element's values in rank order, ((x0 + x1) + x2) + ..., wherever the
+    # element lies? RINGREDUCE_DETERMINISTIC keeps such a family and replaces the others.
+    adds_in_rank_order: bool
 
     def allreduce(self, buf, op, source=None, scale_result=None):
         """Reduce every rank's `buf` in place, or every rank's `source` (this rank's contribution,

@@ -15,6 +15,7 @@ class RingFamily:
 
     reads_concatenation = False
     reduces_any_dtype = True
+    adds_in_rank_order = False  # an element's order depends on where it lies in the ring
 
     def __init__(self, transport, chunk_bytes):
         self.transport = transport

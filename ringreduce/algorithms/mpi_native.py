@@ -47,6 +47,7 @@ def _run(comm, buf, name, *args):
 class MPIAlgorithms:
     reads_concatenation = False
     reduces_any_dtype = False
+    adds_in_rank_order = False  # the library's own order, which it does not promise
 
     def __init__(self, transport, persistent_below=0):
         """Allreduces of fewer than `persistent_below` bytes of host memory run as persistent ones:

@@ -18,6 +18,7 @@ from ringreduce.numerics import reduction
 class RankOrderFamily:
     reads_concatenation = False
     reduces_any_dtype = True
+    adds_in_rank_order = True
 
     def __init__(self, transport):
         self.transport = transport

@@ -29,6 +29,7 @@ class SharedMemory:
     def __init__(self, segment, cross_allreduce=None):
         self.segment = segment
         self.cross_allreduce = cross_allreduce
+        self.adds_in_rank_order = cross_allreduce is None  # across hosts, the ring's order too
 
     def allreduce(self, buf, op, source=None, scale_result=None):
         self._reduce(buf, op, 0, len(buf), buf if source is None else source, scale_result)
