@@ -52,3 +52,17 @@ def test_without_the_switch_the_ring_adds_in_an_order_of_its_own(tmp_path):
     got = run(tmp_path, 3, "ring", None, deterministic=False)[0]
     assert not np.array_equal(bits(got["alone"]), bits(total))
     assert not np.array_equal(bits(got["alone"]), bits(got["behind_odd"]))
+
+
+def test_training_repeated_with_other_fusion_and_timing_ends_bitwise_equal(tmp_path):
+    """A 3-rank torch run, repeated with fusion off and a short cycle, then with fusion on and a
+    long one, under other families: the same parameters to the last bit."""
+    runs = [{"RINGREDUCE_FUSION_THRESHOLD": "0", "RINGREDUCE_CYCLE_TIME": "0.2", "RINGREDUCE_ALGORITHM": "ring"},
+            {"RINGREDUCE_FUSION_THRESHOLD": str(64 << 20), "RINGREDUCE_CYCLE_TIME": "20", "RINGREDUCE_ALGORITHM": "auto"}]
+    digests = []
+    for variables in runs:
+        job = run_job(3, "core/deterministic_training.py", env={"RINGREDUCE_DETERMINISTIC": "1", **variables},
+                      timeout=120)
+        assert job.returncode == 0, job.stderr[-3000:]
+        digests.append(job.lines_of(0))
+    assert digests[0] == digests[1] and digests[0][0].startswith("parameters "), digests

@@ -29,6 +29,8 @@ def emulated(**variables):
     (1, {}, "nccl"),
     (2, {}, "nccl"),  # auto: every rank has NCCL and a GPU of its own
     (3, {"RINGREDUCE_GPU_TRANSPORT": "nccl"}, "nccl"),
+    # Reductions in rank order: NCCL's float sums go through staging, the rest stays on NCCL.
+    (3, {"RINGREDUCE_GPU_TRANSPORT": "nccl", "RINGREDUCE_DETERMINISTIC": "1"}, "nccl"),
     (2, {"EMULATED_CUPY_SHARED_GPU": "1"}, "staged"),  # two ranks on one GPU: NCCL would refuse them
     # The same, as two simulated hosts: the GPU is still one (before, NCCL was chosen and failed there).
     (2, {"EMULATED_CUPY_SHARED_GPU": "1", "RINGREDUCE_SIMULATED_HOSTS": "2"}, "staged"),
