@@ -58,7 +58,8 @@ def test_training_repeated_with_other_fusion_and_timing_ends_bitwise_equal(tmp_p
     """A 3-rank torch run, repeated with fusion off and a short cycle, then with fusion on and a
     long one, under other families: the same parameters to the last bit."""
     runs = [{"RINGREDUCE_FUSION_THRESHOLD": "0", "RINGREDUCE_CYCLE_TIME": "0.2", "RINGREDUCE_ALGORITHM": "ring"},
-            {"RINGREDUCE_FUSION_THRESHOLD": str(64 << 20), "RINGREDUCE_CYCLE_TIME": "20", "RINGREDUCE_ALGORITHM": "auto"}]
+            {"RINGREDUCE_FUSION_THRESHOLD": str(64 << 20), "RINGREDUCE_CYCLE_TIME": "20",
+             "RINGREDUCE_ALGORITHM": "auto"}]
     digests = []
     for variables in runs:
         job = run_job(3, "core/deterministic_training.py", env={"RINGREDUCE_DETERMINISTIC": "1", **variables},
