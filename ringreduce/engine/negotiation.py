@@ -206,9 +206,10 @@ class Negotiator:
         missing = [r for r in range(self.size) if r not in entry.messages]
         title = f"{entry.kind} {name!r}{self.where}"
         if leaving:
-            waiting = self._text(sorted(entry.messages))
+            waiting = sorted(entry.messages)
+            sites = agreement.called_at([entry.messages[r] for r in waiting], [self.ranks[r] for r in waiting])
             return self._fail(name, entry, PeerExitedError(
-                f"{self._text(leaving)} shut down while {waiting} waited in {title}; "
+                f"{self._text(leaving)} shut down while {self._text(waiting)} waited in {title}{sites}; "
                 "every rank must make the same collective calls"))
         if any(r not in joined for r in missing):
             return None
