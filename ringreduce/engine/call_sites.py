@@ -10,12 +10,22 @@ import sys
 _OWN = ("ringreduce", "torch", "tensorflow", "keras", "tf_keras", "contextlib", "functools")
 
 
+# Code object -> its file's name for the user's code, None for ringreduce's and the frameworks'.
+# Looked up once per function: every collective walks these frames (benchmarks/call_sites.py).
+_FILES: dict = {}
+
+
 def user_call_site(depth: int = 2) -> str:
     """'file.py:123' of the innermost caller outside ringreduce and the frameworks ('' if none)."""
     frame = sys._getframe(depth)
     while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] not in _OWN:
-            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        code = frame.f_code
+        try:
+            file = _FILES[code]
+        except KeyError:
+            own = frame.f_globals.get("__name__", "").split(".")[0] in _OWN
+            file = _FILES[code] = None if own else os.path.basename(code.co_filename)
+        if file is not None:
+            return f"{file}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
