@@ -39,12 +39,5 @@ class RankOrderFamily:
         pairwise.alltoallv(self.transport, buf if source is None else source, offsets, theirs,
                            [length * r for r in range(size + 1)])
         mine = buf[offsets[rank]:offsets[rank + 1]]
-        rows = theirs.reshape(size, length)
-        if size == 1:
-            mine[...] = rows[0]
-            return mine
-        combine = reduction.ufunc(op, buf.dtype)
-        combine(rows[0], rows[1], out=mine)
-        for row in rows[2:]:
-            combine(mine, row, out=mine)
+        reduction.combine_in_rank_order(reduction.ufunc(op, buf.dtype), list(theirs.reshape(size, length)), mine)
         return mine

@@ -88,7 +88,7 @@ class SharedMemory:
             lo = bounds[rank]
             for offset, view in spans(source, start + lo, start + bounds[rank + 1]):
                 mine = slice(lo + offset, lo + offset + len(view))
-                _combine_in_rank_order(combine, [view if r == rank else slots[r, mine] for r in range(ranks)],
+                reduction.combine_in_rank_order(combine, [view if r == rank else slots[r, mine] for r in range(ranks)],
                                        slots[rank, mine])
             if self.cross_allreduce is not None:
                 self.cross_allreduce(slots[rank, lo:bounds[rank + 1]], op)
@@ -100,16 +100,6 @@ class SharedMemory:
                 lo, hi = max(bounds[owner], keep_lo), min(bounds[owner + 1], keep_hi)
                 for offset, view in spans(buf, start + lo, start + hi):
                     view[...] = slots[owner, lo + offset:lo + offset + len(view)]
-
-
-def _combine_in_rank_order(combine, sources, reduced):
-    """reduced = sources[0] op sources[1] op ..., left to right, so every rank gets the same bits."""
-    if len(sources) == 1:
-        reduced[:] = sources[0]
-        return
-    combine(sources[0], sources[1], out=reduced)
-    for other in sources[2:]:
-        combine(reduced, other, out=reduced)
 
 
 def _clip(span_start, span_stop, start, length):

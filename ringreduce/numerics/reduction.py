@@ -29,6 +29,17 @@ def order_sensitive(op, dtype):
     return op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT) and np.dtype(dtype).kind in "fcV"
 
 
+def combine_in_rank_order(combine, sources, reduced):
+    """reduced = sources[0] op sources[1] op ..., left to right: the order every family that adds
+    in rank order uses (shared memory, the rank-order family), so they give the same bits."""
+    if len(sources) == 1:
+        reduced[...] = sources[0]
+        return
+    combine(sources[0], sources[1], out=reduced)
+    for other in sources[2:]:
+        combine(reduced, other, out=reduced)
+
+
 def check_op(op, dtype, prescale_factor=1.0, postscale_factor=1.0):
     """Raise if `op` or the scaling has no meaning for `dtype` (bool supports only Min/Max/Product)."""
     if op == ReduceOp.ADASUM:
