@@ -61,3 +61,6 @@ class DeviceFamily(typing.Protocol):
     def allgather(self, buf, offsets): ...
 
     def broadcast(self, buf, root): ...
+
+    def synchronize(self):
+        """Return once the work queued on `stream` is done (or raise what keeps it from ending)."""

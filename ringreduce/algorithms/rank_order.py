@@ -16,6 +16,8 @@ from ringreduce.numerics import reduction
 
 
 class RankOrderFamily:
+    """The host contract's reductions only: the selector hands it nothing else."""
+
     reads_concatenation = False
     reduces_any_dtype = True
     adds_in_rank_order = True

@@ -25,11 +25,13 @@ class SharedMemory:
     # Its allreduce reads and writes a fused group's arrays where they lie (layout.Concatenation).
     reads_concatenation = True
     reduces_any_dtype = True
+    adds_in_rank_order = True  # every slice by one rank, in rank order (not the hierarchical form)
 
     def __init__(self, segment, cross_allreduce=None):
         self.segment = segment
         self.cross_allreduce = cross_allreduce
-        self.adds_in_rank_order = cross_allreduce is None  # across hosts, the ring's order too
+        if cross_allreduce is not None:
+            self.adds_in_rank_order = False  # across hosts, the ring's order too
 
     def allreduce(self, buf, op, source=None, scale_result=None):
         self._reduce(buf, op, 0, len(buf), buf if source is None else source, scale_result)

@@ -15,6 +15,7 @@ from ringreduce.algorithms.contract import DeviceFamily, HostFamily
 from ringreduce.algorithms.device import CudaAwareMpi, Nccl, Staged
 from ringreduce.algorithms.families import HalvingDoublingFamily, RingFamily, TreeFamily
 from ringreduce.algorithms.mpi_native import MPIAlgorithms
+from ringreduce.algorithms.rank_order import RankOrderFamily
 from ringreduce.algorithms.shared_memory import SharedMemory
 from ringreduce.config import Config
 from ringreduce.errors import RingReduceError
@@ -379,7 +380,17 @@ def test_every_family_offers_its_contract_with_its_parameters(family, protocol):
         if (family, name) != (SharedMemory, "alltoallv"):  # the contract's one exception
             assert list(inspect.signature(getattr(family, name)).parameters) == parameters, (family, name)
     if protocol is HostFamily:
-        assert isinstance(family.reads_concatenation, bool) and isinstance(family.reduces_any_dtype, bool)
+        assert all(isinstance(getattr(family, flag), bool) for flag in HOST_FLAGS)
+
+
+HOST_FLAGS = ("reads_concatenation", "reduces_any_dtype", "adds_in_rank_order")
+
+
+def test_the_rank_order_family_offers_the_contract_s_reductions():
+    """It runs only the reductions (RINGREDUCE_DETERMINISTIC hands it nothing else)."""
+    for name in ("allreduce", "reducescatter"):
+        assert list(inspect.signature(getattr(RankOrderFamily, name)).parameters) == _contract(HostFamily)[name]
+    assert all(isinstance(getattr(RankOrderFamily, flag), bool) for flag in HOST_FLAGS)
 
 
 class _CallLog:
