@@ -16,9 +16,11 @@ from ringreduce.machine.memory import Workspace
 from ringreduce.numerics import reduction
 from ringreduce.ops import ReduceOp
 
-# How often a wait for NCCL's work looks for a failed rank: the first waits are short, so a small
-# collective is not held up; a long one costs a query every millisecond.
-_POLL_SECONDS = (0.00002, 0.0001, 0.001)
+# A wait for NCCL's work queries its event without pausing for this long (a small collective's
+# whole time: a sleep costs at least 50 us here), then looks for a failed rank and pauses this
+# long between queries.
+_SPIN_SECONDS = 0.0002
+_POLL_SECONDS = 0.001
 
 
 class Nccl:
@@ -50,9 +52,10 @@ class Nccl:
         rank (rrun's word, machine/faults) or NCCL's own asynchronous error, the communicator is
         aborted (its kernels end, its stream is free again) and the error raised."""
         done = self.stream.record()
-        for pause in _pauses():
-            if done.done:
-                return
+        spin_until = time.perf_counter() + _SPIN_SECONDS
+        while not done.done:
+            if time.perf_counter() < spin_until:
+                continue
             try:
                 faults.check()
                 if self._communicator is not None:
@@ -60,7 +63,7 @@ class Nccl:
             except BaseException:
                 self._abort()
                 raise
-            time.sleep(pause)
+            time.sleep(_POLL_SECONDS)
 
     def _abort(self):
         if self._communicator is not None:
@@ -124,13 +127,6 @@ class Nccl:
         if buf.size == 0:
             return
         self._nccl().broadcast(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], root, self.stream.ptr)
-
-
-def _pauses():
-    """The pauses between looks at a stream: a few short ones, then _POLL_SECONDS[-1] for ever."""
-    yield from _POLL_SECONDS[:-1]
-    while True:
-        yield _POLL_SECONDS[-1]
 
 
 def _padded(cupy, send, offsets, block):
