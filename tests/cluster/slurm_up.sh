@@ -1,9 +1,11 @@
 #!/bin/sh
 # Slurm on the two-host test cluster of up.sh (run that first): munge, slurmctld on hosta and one
-# slurmd per host. Each slurmd runs in its host's network and host-name namespaces, so it is that
-# node; its own mount namespace (ip netns exec gives one) holds the cgroup v1 hierarchies slurmd
-# looks for (proctrack/linuxproc, and task/affinity, which binds tasks with sched_setaffinity, use
-# none of them). The configuration lives in the cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
+# slurmd per host. Each slurmd runs in its host's namespaces (those of up.sh's sshd there), so it is
+# that node: its tasks share the host's own /dev/shm with what ssh starts there, never the machine's
+# (MPICH names its segments after the Slurm job, and a killed job's segments would otherwise meet
+# the same job id after the cluster restarts). A mount namespace of its own below that holds the
+# cgroup v1 hierarchies slurmd looks for (proctrack/linuxproc, and task/affinity, which binds tasks
+# with sched_setaffinity, use none of them). The configuration lives in the cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
 # Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Prints "slurm up".
 set -eu
 state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}/slurm
@@ -90,7 +92,8 @@ CONFIG
 printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$state/cgroup.conf"
 ip netns exec rr-hosta unshare --uts sh -c "hostname hosta && exec slurmctld -f $state/slurm.conf"
 for host in a b; do
-    ip netns exec rr-host$host unshare --uts sh -c "hostname host$host && mount -t tmpfs none /sys/fs/cgroup &&
+    nsenter --target "$(cat "$state/../sshd_$host.pid")" --net --uts --mount \
+        unshare --mount --propagation private sh -c "mount -t tmpfs none /sys/fs/cgroup &&
         for c in freezer cpuset memory devices cpuacct cpu pids; do
             mkdir -p /sys/fs/cgroup/\$c && mount -t cgroup -o \$c none /sys/fs/cgroup/\$c; done &&
         exec slurmd -f $state/slurm.conf"
