@@ -1,8 +1,10 @@
-"""What naming call sites costs: every collective records where the user's code called it
-(engine/call_sites.py, file:line of the first frame outside ringreduce and the frameworks), so
-that errors and reports can say where each rank waits. Same run, rotating order: the plain 4 KiB
-allreduce and a step of ResNet-50's 161 gradients (async, fused, as a backward pass submits
-them), each with call sites and with them off (the lookup replaced by one that returns nothing).
+"""What naming call sites and the flight recorder cost: every collective records where the user's
+code called it (engine/call_sites.py, file:line of the first frame outside ringreduce and the
+frameworks), so that errors and reports can say where each rank waits, and goes into the flight
+recorder (engine/flight_recorder.py). Same run, rotating order: the plain 4 KiB allreduce and a
+step of ResNet-50's 161 gradients (async, fused, as a backward pass submits them), each with both,
+without call sites (the lookup replaced by one that returns nothing) and without the recorder (one
+that keeps nothing and reads no clock).
 
     rrun -np 2 python benchmarks/call_sites.py
 """
@@ -15,8 +17,22 @@ import numpy as np
 from resnet50 import gradient_shapes
 
 import ringreduce as rr
-from ringreduce import collectives
+from ringreduce import collectives, runtime
 from ringreduce.engine import call_sites
+
+
+class NoRecorder:
+    """A recorder that records nothing, at no cost: the baseline."""
+
+    class _Nothing:
+        handle = None
+
+    def record(self, message, set_id, handle=None, site=None):
+        return self._Nothing()
+
+    @staticmethod
+    def finished(flight):
+        pass
 
 
 def plain_4k(x):
@@ -41,8 +57,9 @@ def main():
     rr.init()
     x = np.ones(1024, np.float32)
     grads = [np.ones(shape, np.float32) for shape in reversed(gradient_shapes())]
-    looked_up = call_sites.user_call_site
-    variants = {"with call sites": looked_up, "without": lambda depth=2: ""}
+    looked_up, recorder = call_sites.user_call_site, runtime.active().flight_recorder
+    variants = {"both": (looked_up, recorder), "without call sites": (lambda depth=2: "", recorder),
+                "without the recorder": (looked_up, NoRecorder())}
     cases = [(case, variant) for case in ("plain 4 KiB", "ResNet-50 step") for variant in variants]
     times = {case: [] for case in cases}
     for _ in range(2):  # warm-up: plans, the response cache, the fusion buffer
@@ -51,15 +68,16 @@ def main():
     for round_ in range(args.rounds):
         shift = round_ % len(cases)
         for case, variant in cases[shift:] + cases[:shift]:
-            collectives.user_call_site = variants[variant]
+            collectives.user_call_site, runtime.active().flight_recorder = variants[variant]
             rr.barrier()
             times[(case, variant)].append(plain_4k(x) if case == "plain 4 KiB" else resnet_step(grads))
-    collectives.user_call_site = looked_up
+    collectives.user_call_site, runtime.active().flight_recorder = looked_up, recorder
     if rr.rank() == 0:
-        print(f"call sites, {rr.size()} ranks: median of {args.rounds} rounds, same run")
+        print(f"call sites and flight recorder, {rr.size()} ranks: median of {args.rounds} rounds, same run")
         for case in ("plain 4 KiB", "ResNet-50 step"):
-            on, off = (statistics.median(times[(case, v)]) for v in variants)
-            print(f"  {case:15s} with {on * 1e3:8.3f} ms, without {off * 1e3:8.3f} ms: {100 * (on / off - 1):+5.1f} %")
+            both, no_sites, no_recorder = (statistics.median(times[(case, v)]) for v in variants)
+            print(f"  {case:15s} {both * 1e3:8.3f} ms; call sites {100 * (both / no_sites - 1):+5.1f} %, "
+                  f"flight recorder {100 * (both / no_recorder - 1):+5.1f} %")
     rr.shutdown()
 
 

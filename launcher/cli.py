@@ -17,7 +17,20 @@ import psutil
 
 from ringreduce import config
 from ringreduce.algorithms import cost
-from ringreduce.launcher import checkbuild, dialects, elastic, hosts, link, protocol, rank, reach, slurm, torchrun
+from ringreduce.launcher import (
+    checkbuild,
+    dialects,
+    dump,
+    elastic,
+    flight,
+    hosts,
+    link,
+    protocol,
+    rank,
+    reach,
+    slurm,
+    torchrun,
+)
 from ringreduce.launcher.elastic import ElasticRun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor
@@ -125,6 +138,12 @@ def _knob_name(flag):
               "cleanup banners after a rank failed (hidden once rrun has named the rank).")
 @click.option("--dry-run", is_flag=True, help="Print the mpiexec command and exit.")
 @click.option("--check-build", is_flag=True, help="Show what this installation supports and exit.")
+@click.option("--monitor", is_flag=True, help="Show each rank's collectives a second, share of time spent waiting, how "
+              "far behind the first rank it comes and bytes a second, over the last minute, the slowest rank "
+              "marked: redrawn in place on a terminal, else a line every few seconds.")
+@click.option("--dump", "dump_pid", type=int, is_flag=False, flag_value=0, default=None, metavar="[PID]",
+              help="Print the last collectives of every rank of a job running here (the one of rrun PID, where "
+                   "several run) and exit; the job goes on. SIGUSR2 to a running rrun prints them on its stderr.")
 @click.option("--calibrate", is_flag=True,
               help="Measure the cost model's parameters on these ranks and hosts (a few seconds) and save them "
                    "(--profile) for later jobs, instead of running a command.")
@@ -170,7 +189,8 @@ def _knob_name(flag):
 @click.version_option(package_name="ringreduce", prog_name="rrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_hca, bind_to, map_by, report_bindings,
-         mpi_args, launcher, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, calibrate, explain,
+         mpi_args, launcher, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, monitor, dump_pid,
+         calibrate, explain,
          strict_placement, skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script,
          slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command,
          **knobs):
@@ -182,6 +202,9 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
     """
     if check_build:
         click.echo(checkbuild.report(mpiexec_name))
+        return
+    if dump_pid is not None:
+        click.echo(dump.request(dump_pid or None))
         return
     if explain:
         click.echo(explanation(num_proc, host_list, hostfile, knobs))
@@ -218,13 +241,14 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
     if settings is not None:  # each generation's placement comes from the discovery script
         in_place, _ = dialects.shrinks_in_place(mpiexec, dialect)
         launch_of = functools.partial(dialects.launch, dialect, mpiexec)
-        sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place).run())
+        sys.exit(ElasticRun(settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place,
+                            monitor).run())
     # Inside a Slurm allocation mpiexec starts its daemons through Slurm, not ssh: no ssh check.
     from_slurm = launcher == "srun" or (placement is not None and not (host_list or hostfile))
     if placement and not (dry_run or skip_host_check or from_slurm):
         reach.check_reachable([host for host, _ in placement])
     sys.exit(_run_with_restarts(job, functools.partial(dialects.launch, dialect, mpiexec), restarts,
-                                heartbeat_seconds, verbose, dry_run, grace_seconds))
+                                heartbeat_seconds, verbose, dry_run, grace_seconds, monitor))
 
 
 def _command(command, calibrate):
@@ -254,32 +278,29 @@ def _job_spec(num_proc, placement, command, env, network_interface, bind_to, map
     )
 
 
-def _run_with_restarts(job, launch_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds):
-    """Run the job (again after a failure, up to `restarts` times), with rrun's heartbeat link
-    where asked; the exit status of its last run."""
+def _run_with_restarts(job, launch_of, restarts, heartbeat_seconds, verbose, dry_run, grace_seconds, monitor):
+    """Run the job (again after a failure, up to `restarts` times), with rrun's link to the ranks
+    (a heartbeat where asked) and the ranks' flight records shown where it fails; the exit status
+    of its last run."""
+    if dry_run:
+        launch = launch_of(job)
+        click.echo(shown(launch))
+        return 0
     placed_on = [host for host, _ in job.placement or []]
-    heartbeat = (link.LinkServer(heartbeat_seconds, job.env[protocol.SECRET_VARIABLE], placed_on)
-                 if heartbeat_seconds and not dry_run else None)
-    try:
+    with link.LinkServer(heartbeat_seconds, job.env[protocol.SECRET_VARIABLE], placed_on) as link_server, \
+            flight.observing(link_server, {**os.environ, **job.env}, monitor) as watch:
         for attempt in range(restarts + 1):
-            env = {**job.env, RESTART_VARIABLE: str(attempt),
-                   **(heartbeat.env(placed_on) if heartbeat else {})}
+            env = {**job.env, RESTART_VARIABLE: str(attempt), **link_server.env(placed_on)}
             launch = launch_of(dataclasses.replace(job, env=env))
-            if verbose or dry_run:
-                click.echo(shown(launch), err=not dry_run)
-            if dry_run:
-                return 0
-            supervisor = Supervisor(launch, verbose, grace_seconds)
-            if heartbeat:
-                heartbeat.watch(supervisor)
+            if verbose:
+                click.echo(shown(launch), err=True)
+            supervisor = Supervisor(launch, verbose, grace_seconds, watch=watch)
+            link_server.watch(supervisor)
             status = supervisor.run()
             if status == 0 or supervisor.interrupted_by is not None or attempt == restarts:
                 return status
             click.echo(f"rrun: starting the job again ({attempt + 1} of {restarts} restarts) after it failed "
                        f"with status {status}", err=True)
-    finally:
-        if heartbeat:
-            heartbeat.close()
 
 
 def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, discovery_script, slots_per_host,

@@ -20,7 +20,7 @@ import uuid
 
 import click
 
-from ringreduce.launcher import hosts, link, protocol, rank, torchrun
+from ringreduce.launcher import flight, hosts, link, protocol, rank, torchrun
 from ringreduce.launcher.errors import LaunchError
 from ringreduce.launcher.supervise import Supervisor, report_how
 
@@ -102,7 +102,8 @@ class SetAside:
 
 
 class ElasticRun:
-    def __init__(self, settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place=False):
+    def __init__(self, settings, num_proc, job, command, verbose, grace_seconds, launch_of, in_place=False,
+                 monitor=False):
         """`job`: a dialects.JobSpec that each generation's size and hosts complete; `command`: the
         user's; `launch_of(job)`: how mpiexec starts a JobSpec (dialects.Launch). `in_place`: the MPI can
         shrink a job (ULFM), so the survivors of a failure go on in their processes."""
@@ -111,6 +112,8 @@ class ElasticRun:
         self.set_aside = SetAside(settings.cooldown_range)
         self.job_id = uuid.uuid4().hex[:12]
         self.in_place = in_place
+        self.monitor = monitor
+        self.watch = None  # the flight.Watch of the job's link, while it runs
         self._resets = 0  # generations that failed
         self._failed_at = None  # when the last generation ended, if it did not end the job
 
@@ -119,11 +122,9 @@ class ElasticRun:
         where = self.settings.commit_dir or protocol.DEFAULT_COMMIT_DIR.format(job=self.job_id)
         _say(f"elastic job {self.job_id}: each host keeps its commits in {where}"
              + ("; the MPI shrinks jobs (ULFM): the survivors of a failure go on in place" if self.in_place else ""))
-        link_server = link.LinkServer(self.settings.heartbeat_seconds, self.job.env[protocol.SECRET_VARIABLE])
-        try:
+        with link.LinkServer(self.settings.heartbeat_seconds, self.job.env[protocol.SECRET_VARIABLE]) as link_server, \
+                flight.observing(link_server, {**os.environ, **self.job.env}, self.monitor) as self.watch:
             return self._generations(link_server)
-        finally:
-            link_server.close()
 
     def _generations(self, link_server):
         """Run generation after generation until one ends the job; the job's exit status."""
@@ -163,7 +164,7 @@ class ElasticRun:
         """(exit status, its Supervisor, what the ranks said over the link) of one generation."""
         started = len(link_server.messages)
         survivors = _Survivors(self, placement, link_server) if self.in_place else None
-        supervisor = Supervisor(self.launch_of(job), self.verbose, self.grace_seconds, survivors)
+        supervisor = Supervisor(self.launch_of(job), self.verbose, self.grace_seconds, survivors, self.watch)
         link_server.watch(supervisor)
         link_server.on_gone = supervisor.take_report if survivors is not None else None
         watcher = _HostWatcher(self, placement, link_server)

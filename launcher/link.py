@@ -1,8 +1,8 @@
 """rrun's end of the link to the ranks (ringreduce.launcher.protocol): a server the ranks connect
 to at init. It beats to every rank, passes on notices (hosts-updated), records what the ranks say
-(which host each runs on, the commit a generation resumed from), and reports a rank that has been
-silent for the heartbeat timeout: its host froze or its link was cut, which neither TCP nor MPI
-says in time.
+(which host each runs on, the commit a generation resumed from, each rank's latest report), and,
+where the job has a heartbeat, reports a rank that has been silent for its timeout: its host froze
+or its link was cut, which neither TCP nor MPI says in time.
 
 Anyone who can reach the port can connect, so a connection counts only once it has proved it
 knows the job's secret: its first line, a hello signed for the nonce rrun sent it, within
@@ -24,9 +24,10 @@ MAX_PEERS = 65536
 
 
 class LinkServer:
-    def __init__(self, timeout: float, secret: str, hosts: list[str] | None = None) -> None:
+    def __init__(self, timeout: float | None, secret: str, hosts: list[str] | None = None) -> None:
         """Listening on the address the ranks on `hosts` are given (loopback where all are this
-        host), or on every interface where the hosts are not known yet (an elastic job's)."""
+        host), or on every interface where the hosts are not known yet (an elastic job's).
+        `timeout`: the heartbeat's, None for none (a silent rank then ends nothing)."""
         self.timeout, self._secret = timeout, secret
         self.supervisor = None  # the Supervisor of the job running now, which a silent rank ends
         self.on_gone = None  # where ranks run without rrun's wrapper: told of a rank that left without a word
@@ -38,7 +39,9 @@ class LinkServer:
         self._peers = {}  # socket -> _Peer
         self._announced = b""  # the notices every rank of the job watched now must hear (announce)
         self._closed = threading.Event()
-        self.messages = []  # (time, rank, message) of the ranks' messages other than beats
+        self.messages = []  # (time, rank, message) of the ranks' messages other than beats and reports
+        self.reports = {}  # rank -> (time.monotonic() when heard, its latest report)
+        self._report_heard = threading.Condition(self._lock)
         self._silent_reported = False
         self._thread = threading.Thread(target=self._serve, name="rrun-link", daemon=True)
         self._thread.start()
@@ -46,7 +49,8 @@ class LinkServer:
     def env(self, hosts):
         """The variables that tell ranks on `hosts` where rrun's end is, and the timeout."""
         address = f"{advertised_host(hosts)}:{self._listener.getsockname()[1]}"
-        return {protocol.LINK_VARIABLE: address, protocol.HEARTBEAT_VARIABLE: str(self.timeout)}
+        return {protocol.LINK_VARIABLE: address,
+                **({} if self.timeout is None else {protocol.HEARTBEAT_VARIABLE: str(self.timeout)})}
 
     def watch(self, supervisor):
         """Watch the ranks of `supervisor`'s job from now on: the last job's connections are closed
@@ -55,6 +59,7 @@ class LinkServer:
             for peer in list(self._peers.values()):
                 self._drop(peer)
             self.supervisor, self._silent_reported, self._announced = supervisor, False, b""
+            self.reports = {}
 
     def notify(self, kind, **fields):
         """Send a notice to every connected rank."""
@@ -76,10 +81,40 @@ class LinkServer:
             if peer.proved:
                 peer.outgoing += message
 
+    def latest_reports(self):
+        """{rank: its latest report} of the job watched now."""
+        with self._lock:
+            return {rank: report for rank, (_, report) in self.reports.items()}
+
+    def fresh_reports(self, seconds=1.0):
+        """Every connected rank's report, asked for now: waits up to `seconds` for each to answer
+        (a rank that does not keeps its latest beat's)."""
+        asked = time.monotonic()
+        with self._lock:
+            self._to_connected(protocol.link_message("report-now"))
+        self._send_all()
+        deadline = asked + seconds
+        with self._report_heard:
+            while True:
+                ranks = {p.rank for p in self._peers.values() if p.proved}
+                if all(self.reports.get(rank, (0,))[0] >= asked for rank in ranks):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._report_heard.wait(left)
+        return self.latest_reports()
+
     def ranks(self):
         """{rank: host} of the ranks connected now."""
         with self._lock:
             return {p.rank: p.host for p in self._peers.values() if p.proved}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def close(self):
         self._closed.set()
@@ -91,7 +126,7 @@ class LinkServer:
         self._listener.close()
 
     def _serve(self):
-        interval = protocol.beat_interval(self.timeout)
+        interval = protocol.beat_interval(self.timeout or protocol.DEFAULT_HEARTBEAT_SECONDS)
         beaten = 0.0
         while not self._closed.is_set():
             for key, _ in self._selector.select(timeout=interval):
@@ -157,6 +192,9 @@ class LinkServer:
             if not peer.proved:
                 peer.outgoing += self._announced
             peer.proved, peer.rank, peer.host = True, message["rank"], message["host"]
+        elif message["kind"] == "report":
+            self.reports[peer.rank] = (peer.heard, message)
+            self._report_heard.notify_all()
         elif message["kind"] != "beat":
             self.messages.append((time.time(), peer.rank, message))
             peer.said_goodbye |= message["kind"] in ("done", "resizing")
@@ -188,6 +226,8 @@ class LinkServer:
         with self._lock:
             for stranger in [p for p in self._peers.values() if not p.proved and now - p.connected > AUTH_SECONDS]:
                 self._drop(stranger)
+            if self.timeout is None:
+                return
             silent = [p for p in self._peers.values() if p.proved and now - p.heard > self.timeout]
             if not silent or self._silent_reported or self.supervisor is None:
                 return
@@ -219,11 +259,14 @@ class _Peer:
 def advertised_host(hosts):
     """The address of this machine that the ranks' hosts can reach: loopback where they are all
     this host, else the source address the kernel would use toward the first other host (a UDP
-    socket's connect sends nothing)."""
+    socket's connect sends nothing), else this host's name."""
     here = {"localhost", socket.gethostname(), socket.getfqdn()}
     others = [h for h in hosts if h not in here and not h.startswith("127.")]
     if not others:
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(others[0]), 9))
-        return probe.getsockname()[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(others[0]), 9))
+            return probe.getsockname()[0]
+    except OSError:  # a host this machine cannot resolve or route to: its ranks say if they cannot reach rrun
+        return socket.gethostname()

@@ -52,12 +52,13 @@ def parse_status(line, secret):
     return json.loads(payload)
 
 
-# The link: a TCP connection from each rank to rrun, for jobs that need more than exit statuses
-# (elastic jobs, and any job given --heartbeat-seconds). Both ends send a message at least every
-# HEARTBEAT_SECONDS / 5; an end that hears nothing for HEARTBEAT_SECONDS takes the other for lost
-# (a cut link, a frozen host: neither TCP nor MPI says so in time). Messages are JSON lines with a
-# "kind": rrun sends challenge (first, with the connection's nonce), beat, hosts-updated and
-# rank-failed; the ranks send RANK_MESSAGES, each line signed: the HMAC-SHA256, under the job's
+# The link: a TCP connection from each rank to rrun, in every job rrun starts: the ranks' reports
+# (flight records, figures), and for elastic jobs the notices of a resize. Both ends send a message
+# at least every HEARTBEAT_SECONDS / 5; where the job has a heartbeat (elastic jobs, and any job
+# given --heartbeat-seconds), an end that hears nothing for HEARTBEAT_SECONDS takes the other for
+# lost (a cut link, a frozen host: neither TCP nor MPI says so in time). Messages are JSON lines with a
+# "kind": rrun sends challenge (first, with the connection's nonce), beat, hosts-updated,
+# rank-failed and report-now; the ranks send RANK_MESSAGES, each line signed: the HMAC-SHA256, under the job's
 # secret, of the connection's nonce and the JSON, in hex, then a space, then the JSON. rrun checks
 # the signature before it parses anything, so only the job's own ranks can say anything to it.
 LINK_VARIABLE = "RRUN_LINK"  # host:port of rrun's end
@@ -73,6 +74,9 @@ RANK_MESSAGES = {
     "resumed": {"commit": (int, type(None)), "size": int, "in_place": bool},
     "resizing": {},
     "done": {},
+    # Each beat: the rank's flight records and its clock; its figures of the last minute where it
+    # has them (window, rounds_per_second, wait_share, behind_seconds, bytes), which rrun checks.
+    "report": {"records": list, "now": (int, float)},
 }
 
 

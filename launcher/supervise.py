@@ -19,11 +19,14 @@ POLL_SECONDS = 0.1
 
 
 class Supervisor:
-    def __init__(self, launch, verbose=False, grace_seconds=GRACE_SECONDS, on_failure=None):
+    def __init__(self, launch, verbose=False, grace_seconds=GRACE_SECONDS, on_failure=None, watch=None):
         """`launch`: mpiexec's command line and what its environment adds (dialects.Launch).
         `on_failure(report)`, where given, is asked about each rank that fails: true when the job
-        goes on without it (its survivors shrink in place), so it is not ended."""
+        goes on without it (its survivors shrink in place), so it is not ended. `watch`
+        (flight.Watch) asks the ranks for their records before rrun ends them, and prints them
+        on SIGUSR2."""
         self.launch = launch
+        self.watch = watch
         self._secret = launch.variables.get(SECRET_VARIABLE)  # what signs the ranks' status lines
         self.on_failure = on_failure
         self.verbose = verbose
@@ -45,6 +48,8 @@ class Supervisor:
         )
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._pass_on)
+        if self.watch is not None:
+            previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._dump)
         relays = [
             threading.Thread(target=self._relay, args=(self.process.stdout, sys.stdout.buffer)),
             threading.Thread(target=self._relay, args=(self.process.stderr, sys.stderr.buffer)),
@@ -55,6 +60,8 @@ class Supervisor:
             while self.process.poll() is None and not self._stop.wait(POLL_SECONDS):
                 self._remember_family()
             if self.process.poll() is None:
+                if self.watch is not None:
+                    self.watch.before_end()
                 self._end_job()
             self.process.wait()
             for relay in relays:
@@ -101,6 +108,12 @@ class Supervisor:
         """A preemption notice (SIGUSR1): every rank gets it, through mpiexec, and goes on."""
         if self.process.poll() is None:
             self.process.send_signal(signum)
+
+    def _dump(self, _signum, _frame):
+        """SIGUSR2: the ranks' last collectives on rrun's stderr, the job going on (asked for on
+        another thread: the ranks take a moment to answer)."""
+        threading.Thread(target=lambda: _write(sys.stderr.buffer, [self.watch.dump().encode() + b"\n"]),
+                         daemon=True).start()
 
     def _on_signal(self, signum, _frame):
         self.interrupted_by = signal.Signals(signum)
@@ -161,24 +174,34 @@ class Supervisor:
         psutil.wait_procs(alive, timeout=GRACE_SECONDS)
 
     def _verdict(self):
+        """rrun's exit status, saying why the job ended where it failed: each rank's last
+        collectives first, then (the last line) what ended it."""
         if self.interrupted_by is not None:
+            self._show_flights(f"the job was stopped by {self.interrupted_by.name}")
             _say(f"stopped by {self.interrupted_by.name}; every rank was ended")
             return 128 + self.interrupted_by
         if self.ended_for is not None:
             self._show_banners()
+            self._show_flights("rrun ended the job")
             _say(self.ended_for[0])
             return 1
         first = self._first_failure()
         if first is not None:
             self._show_banners()
+            self._show_flights("the job failed")
             _say(f"rank {first['rank']} (on {first['host']}) failed first: {report_how(first)}")
             code = first["code"] or 1
             return code if code > 0 else 128 - code
         self._show_banners(always=True)
         if self.process.returncode != 0:
+            self._show_flights("the job failed")
             _say(f"{os.path.basename(self.launch.argv[0])} exited with status {self.process.returncode}")
             return self.process.returncode if self.process.returncode > 0 else 1
         return 0
+
+    def _show_flights(self, why):
+        if self.watch is not None:
+            self.watch.show_end(why)
 
     def _show_banners(self, always=False):
         """mpiexec's cleanup banners: shown where rrun names no failed rank, or with --verbose."""

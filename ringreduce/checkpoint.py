@@ -30,6 +30,7 @@ import typing
 from ringreduce import runtime
 from ringreduce.errors import CorruptCheckpointError, UnsafeFileError
 from ringreduce.objects import allgather_object, broadcast_object
+from ringreduce.resilience.safe_files import private_directory  # noqa: F401 (part of this module's API)
 
 MAGIC = b"ringreduce checkpoint 1\n"
 _HEADER = struct.Struct("<Q32s")  # payload length, SHA-256 of the payload
@@ -130,25 +131,6 @@ def only_mine(path: str | os.PathLike) -> None:
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeFileError(f"{path} can be written by other users (mode {stat.S_IMODE(info.st_mode):o}), "
                               f"who could plant a checkpoint that runs their code here: chmod go-w {path}")
-
-
-def private_directory(path: str | os.PathLike) -> None:
-    """Make `path` a directory only this user can enter (0700), or check that it is one: a real
-    directory, this user's, with no group or other bits (UnsafeFileError naming what is wrong)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    try:
-        os.mkdir(path, 0o700)
-        return
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise UnsafeFileError(f"{path} exists and is not a directory (a link or a file someone put there); "
-                              "remove it, or choose another with --commit-dir")
-    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        raise UnsafeFileError(f"{path} is not private to this user (owner {info.st_uid}, mode "
-                              f"{stat.S_IMODE(info.st_mode):o}; needed: owner {os.getuid()}, mode 700): another "
-                              "user could plant a commit that runs their code in every rank")
 
 
 def load_rank_state(directory: str | os.PathLike, step: int) -> typing.Any:

@@ -267,7 +267,11 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
                in_place and tensor.flags.writeable and tensor.flags.c_contiguous)
         message = domain.checked.get(key)
         if message is not None:
-            return domain.ordered.run(message, tensor, tensor if in_place else None)[1]
+            recorder = runtime.active().flight_recorder
+            flight = recorder.record(message, domain.set_id, site=user_call_site())
+            result = domain.ordered.run(message, tensor, tensor if in_place else None)[1]
+            recorder.finished(flight)
+            return result
         return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression,
                                              process_set), process_set, remember=key)
     finally:
@@ -319,14 +323,17 @@ def _submit(kind, name, build, process_set):
     except (TypeError, ValueError) as error:
         message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error)),
                                 site=user_call_site()), {}
+    recorder = runtime.active().flight_recorder
+    flight = recorder.record(message, domain.set_id)
     plain = getattr(_calling, "plain", None)
     if plain is not None and plain[2] and plain[0] is domain:
         done, result = domain.ordered.run(message, data.get("input"), data.get("output"))
         if done:
+            recorder.finished(flight)
             if plain[3] is not None:
                 domain.remember_checked(plain[3], message)
             return Finished(result)
-    handle = Handle(name, domain.engine.waiters)
+    handle = flight.handle = Handle(name, domain.engine.waiters)
     domain.engine.submit(Request(message, handle, **data), wake=plain is None)
     return handle
 

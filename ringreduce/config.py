@@ -48,6 +48,9 @@ class Config:
     # With a stall warning, each rank also prints every thread's Python stack.
     stall_stacks: bool = False
     straggler_report: bool = False
+    # Each rank keeps its last this many collectives for rrun to show when the job fails, stalls or
+    # is interrupted, or on `rrun --dump` (0: none).
+    flight_recorder: int = 32
     # Plain allreduces on up to 8 ranks pair up in program order, small ones with their data
     # (engine/plain_calls.py); off: through the engine, as every other call.
     program_order: bool = True
@@ -153,6 +156,9 @@ KNOBS = (
               "algorithm, fusion and timing (on GPU arrays, through host memory)."),
     Knob("straggler_report", "RINGREDUCE_STRAGGLER_REPORT", "switch", flag="--straggler-report",
          help="At shutdown, rank 0 prints which ranks kept the others waiting."),
+    Knob("flight_recorder", "RINGREDUCE_FLIGHT_RECORDER", "int", flag="--flight-recorder", minimum=0,
+         help="Each rank keeps its last N collectives; rrun shows them when the job fails, stalls or is "
+              "interrupted, on `rrun --dump` and on SIGUSR2, and writes them to a file it names (0: none)."),
     Knob("pipeline_chunk_bytes", "RINGREDUCE_PIPELINE_CHUNK_BYTES", "int", minimum=1),
     Knob("shared_memory_piece_bytes", "RINGREDUCE_SHM_PIECE_BYTES", "int", minimum=64),
     Knob("simulated_hosts", "RINGREDUCE_SIMULATED_HOSTS", "int", minimum=1),

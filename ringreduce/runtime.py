@@ -3,6 +3,7 @@ and the rest), and its domains (the whole job and each process set), each with i
 """
 
 import sys
+import time
 import typing
 import zlib
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from ringreduce.algorithms import choice
 from ringreduce.config import Config
 from ringreduce.engine import plain_calls
 from ringreduce.engine.domain import Domain
+from ringreduce.engine.flight_recorder import FlightRecorder
 from ringreduce.engine.loop import Engine
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
@@ -28,6 +30,7 @@ if typing.TYPE_CHECKING:  # process_sets imports this module
     from ringreduce.process_sets import ProcessSet
 
 _active = None
+_reporting = None  # the latest Runtime: what this rank reports over rrun's link
 
 
 def _cost_profile(comm, config):
@@ -50,6 +53,7 @@ def _cost_profile(comm, config):
 class Runtime:
     def __init__(self, comm, config):
         self.config = config
+        self.flight_recorder = FlightRecorder(config.flight_recorder)
         self.control = comm.Dup()  # process sets are made and removed here, on the callers' thread
         self._next_set_id = 1
         self._next_member_set_id = -1
@@ -220,6 +224,38 @@ class Runtime:
         return Stragglers.combined([self.engine.negotiator.stragglers]
                                    + ([] if ordered is None else [ordered.stragglers]))
 
+    def bytes_sent(self):
+        """Bytes of the arrays the job's collectives carried so far, from this rank."""
+        ordered = self.domains[0].ordered
+        return self.engine.stats["bytes"] + (0 if ordered is None else ordered.bytes)
+
+    def missing_ranks(self, set_id, name):
+        """The ranks (as the user knows them) whose request `name` of process set `set_id` this
+        rank has not heard of yet (by its engine, or its plain call in program order); None where
+        it does not know (not negotiated yet, a set gone). Read from another thread: a table
+        changing under us says nothing."""
+        domain = self.domains.get(set_id)
+        if domain is None or domain.engine is None:
+            return None
+        plain = domain.ordered.waiting if domain.ordered is not None else None
+        if plain is not None and plain[0] == name:
+            return plain[1]
+        try:
+            entry = domain.engine.negotiator.table.get(name)
+            return None if entry is None else [rank for index, rank in enumerate(domain.ranks)
+                                                if index not in entry.messages]
+        except RuntimeError:
+            return None
+
+    def link_report(self):
+        """What this rank tells rrun at each beat of its link: its flight records and its figures
+        of the last minute (rrun's --monitor, and what it shows when the job fails or stalls)."""
+        span, rows = self.stragglers().recent()
+        rounds_per_second, wait_share, behind = rows[self.topology.rank]
+        figures = {"now": time.time(), "window": span, "rounds_per_second": rounds_per_second,
+                   "wait_share": wait_share, "behind_seconds": behind, "bytes": self.bytes_sent()}
+        return {"records": self.flight_recorder.snapshot(self.missing_ranks), **figures}
+
 
 def _close(domain):
     """Stop a domain's engine and free its point-to-point communicator (where this rank is in it)."""
@@ -248,19 +284,25 @@ def init(comm: typing.Any = None, process_sets: "Sequence[ProcessSet] | str | No
     argument; "dynamic" is accepted, and needed for nothing: sets can be added at any time, see
     docs/horovod.md).
     Calling it again does nothing."""
-    global _active
+    global _active, _reporting
     if _active is not None:
         return
     comm = MPI.COMM_WORLD if comm is None else comm
     launch.check_launch(comm)
     launch.check_thread_level()
-    _active = Runtime(comm, Config.from_env())
+    _active = _reporting = Runtime(comm, Config.from_env())
     exit_hooks.install(active_or_none, shutdown)
     preemption.install()
-    rrun_link.connect(_active.topology.rank)
+    rrun_link.connect(_active.topology.rank, _link_report)
     given: Sequence[ProcessSet] = () if process_sets is None or isinstance(process_sets, str) else process_sets
     for process_set in given:
         process_set.process_set_id = _active.add_domain(process_set.mpi_comm or process_set.ranks, at_init=True)
+
+
+def _link_report():
+    """This rank's report to rrun: the latest runtime's (after its shutdown too: a rank that
+    left still tells what it did last)."""
+    return _reporting.link_report()
 
 
 def shutdown() -> None:
@@ -383,10 +425,17 @@ def engine_stats() -> dict[str, int]:
 def straggler_report() -> dict[str, typing.Any]:
     """Per rank that was ever the last one ready: in what share of the rounds (the engine's cycles
     that ran something, and the plain calls in program order) it was last, and how long it kept
-    the others waiting then, on average."""
+    the others waiting then, on average; and, over the last minute (`window_seconds`), every
+    rank's rounds per second, share of the time spent waiting for the others, and how far behind
+    the first rank it came on average: a rank always slow stands apart from one that stalled once.
+    Any rank can ask at any time; all of them see the same figures."""
     stragglers = active().stragglers()
+    span, rows = stragglers.recent()
     return {"cycles": stragglers.cycles,
             "ranks": [{"rank": r, "share_last": share, "mean_late_seconds": late}
-                      for r, share, late in stragglers.report()]}
+                      for r, share, late in stragglers.report()],
+            "window_seconds": span,
+            "recent": [{"rank": r, "rounds_per_second": rate, "wait_share": wait, "mean_behind_seconds": behind}
+                       for r, (rate, wait, behind) in enumerate(rows)]}
 
 

@@ -9,8 +9,10 @@ allreduce with the op's identity); the ranks' submissions must agree, or every r
 same error. The cache makes a training loop's steady state one bit per name and cycle.
 """
 
+import collections
 import dataclasses
 import functools
+import time
 
 from ringreduce.engine import agreement
 from ringreduce.engine.cache import Cache
@@ -53,44 +55,79 @@ class Outcome:
 
 
 class Stragglers:
-    """Per rank: in how many cycles it was the last to be ready, and how long it kept the others.
+    """Per rank: in how many rounds it was the last to be ready, how long it kept the others, and
+    over the last minute how much it waited and how far behind the first rank it came.
 
-    Each rank measures how long it waited for the others inside a cycle's negotiation and
-    reports it in its next row: the last rank to arrive waited least, and the others waited
-    for it that much longer. Durations, unlike timestamps, need no clocks in agreement.
+    Each rank measures how long it waited for the others inside a round (an engine cycle that ran
+    something, or a plain call) and reports it in its next: the last rank to arrive waited least,
+    and the others waited for it that much longer. Durations, unlike timestamps, need no clocks in
+    agreement, and every rank records the same waits, so each can tell every rank's figures.
     """
 
     NOISE_SECONDS = 1e-4  # closer than this, nobody held anybody up
+    WINDOW_SECONDS = 60
 
     def __init__(self, size):
         self.cycles = 0
         self.last = [0] * size
         self.waited = [0.0] * size
+        self._seconds = collections.deque()  # [second, rounds, waited per rank, behind per rank]
 
     def record(self, waits):
-        """`waits`: every rank's wait in one cycle that made something ready."""
+        """`waits`: every rank's wait in one round."""
         self.cycles += 1
-        lateness = max(waits) - min(waits)
-        if lateness > self.NOISE_SECONDS:
-            rank = waits.index(min(waits))
+        first, least = max(waits), min(waits)
+        if first - least > self.NOISE_SECONDS:
+            rank = waits.index(least)
             self.last[rank] += 1
-            self.waited[rank] += lateness
+            self.waited[rank] += first - least
+        second = int(time.monotonic())
+        if not self._seconds or self._seconds[-1][0] != second:
+            while self._seconds and self._seconds[0][0] <= second - self.WINDOW_SECONDS:
+                self._seconds.popleft()
+            self._seconds.append([second, 0, [0.0] * len(waits), [0.0] * len(waits)])
+        bucket = self._seconds[-1]
+        bucket[1] += 1
+        waited, behind = bucket[2], bucket[3]
+        for rank, wait in enumerate(waits):
+            waited[rank] += wait
+            behind[rank] += first - wait
 
     @classmethod
     def combined(cls, parts):
         """One record of several (the engine's cycles and the plain calls in program order)."""
         whole = cls(len(parts[0].last))
+        by_second = {}
         for part in parts:
             whole.cycles += part.cycles
             whole.last = [a + b for a, b in zip(whole.last, part.last, strict=True)]
             whole.waited = [a + b for a, b in zip(whole.waited, part.waited, strict=True)]
+            for second, rounds, waited, behind in list(part._seconds):
+                into = by_second.setdefault(second, [second, 0, [0.0] * len(waited), [0.0] * len(waited)])
+                into[1] += rounds
+                into[2] = [a + b for a, b in zip(into[2], waited, strict=True)]
+                into[3] = [a + b for a, b in zip(into[3], behind, strict=True)]
+        whole._seconds.extend(by_second[second] for second in sorted(by_second))
         return whole
 
     def report(self):
-        """[(rank, share of cycles it was last in, mean seconds late when it was)], worst first."""
+        """[(rank, share of rounds it was last in, mean seconds late when it was)], worst first."""
         rows = [(r, self.last[r] / self.cycles, self.waited[r] / self.last[r])
                 for r in range(len(self.last)) if self.last[r]]
         return sorted(rows, key=lambda row: -row[1])
+
+    def recent(self):
+        """Over the last minute (or since the first round, if later), per rank: rounds per second,
+        the share of the time it spent waiting for the others, and how far behind the first rank
+        it came on average (seconds): (window seconds, [(rounds/s, wait share, behind)] by rank)."""
+        now = time.monotonic()
+        buckets = [b for b in list(self._seconds) if b[0] > now - self.WINDOW_SECONDS]
+        if not buckets:
+            return 0.0, [(0.0, 0.0, 0.0)] * len(self.last)
+        span = max(now - buckets[0][0], 1.0)
+        rounds = sum(b[1] for b in buckets)
+        return span, [(rounds / span, sum(b[2][r] for b in buckets) / span, sum(b[3][r] for b in buckets) / rounds)
+                      for r in range(len(self.last))]
 
     def table(self):
         """The report as rrun --straggler-report prints it at shutdown."""

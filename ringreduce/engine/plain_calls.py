@@ -73,6 +73,8 @@ class PlainCalls:
         self.peers = [r for r in range(self.size) if r != self.me]
         self.calls = 0  # plain calls so far: the same count on every rank in step
         self.ran = 0  # of which ran here (the others through the engine)
+        self.bytes = 0  # of the arrays those carried
+        self.waiting = None  # (name, ranks not heard from) of a call that has waited a while
         self._plans = {}  # Message -> _Plan
         self._scratch = bytearray(_ALIGN)  # packets taken outside a plan: answered as joined, or stranded
         self._status = MPI.Status()
@@ -118,6 +120,8 @@ class PlainCalls:
         else:
             return False, None
         self.ran += 1
+        if array is not None:
+            self.bytes += array.nbytes
         if recording:
             self.engine.timeline.phase(message.name, message.kind.upper(), started, time.perf_counter(), flush=True)
         return True, result
@@ -146,6 +150,7 @@ class PlainCalls:
             pending = {peer: request for peer, request in zip(self.peers, plan.receives, strict=True)
                        if not _done([request], message, self.where)}
             waiting = list(pending)
+            self.waiting = (message.name, [self.ranks[peer] for peer in waiting])
             self._check_others(message, pending, waited)
             if not told_async:
                 told_async = self._tell_async(message, waiting)
@@ -154,6 +159,7 @@ class PlainCalls:
                 report_stall(self.ranks[self.me], self._stall_text(message, waiting, waited),
                              self.engine.config.stall_stacks)
         self._waited = time.perf_counter() - started
+        self.waiting = None
         return [_Packet(peer, *_PREFIX.unpack_from(buffer), buffer) for peer, buffer in plan.ins.items()]
 
     def _take(self, incoming):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from mpi4py.run import set_abort_status
 
 from ringreduce.launcher import protocol
+from ringreduce.resilience import rrun_link
 
 _installed = False
 
@@ -46,6 +47,10 @@ def end_job_at_exit(runtime, code: int, error: str) -> None:
     runtime.failing = True
     if protocol.under_rrun():
         tell_rrun(protocol.status_line(runtime.topology.rank, code, error))
+    link = rrun_link.current()
+    if link is not None:  # this rank's last collectives, for rrun to show beside the others'
+        link.report()
+        link.flush(seconds=1.0)
     set_abort_status(code)
 
 

@@ -1,8 +1,10 @@
 """This rank's end of the link to rrun (ringreduce.launcher.protocol): started at init where rrun
-asked for it (RRUN_LINK). A thread beats, takes rrun's notices (hosts-updated, for elastic jobs) and,
-when rrun has been silent for the heartbeat timeout, ends this process: rrun has given up on this
-host (its link was cut), so the rest of the job has gone on without it, and nothing else would end
-a rank blocked in MPI on a host cut off from the others."""
+asked for it (RRUN_LINK). A thread beats, each beat with this rank's report (its flight records and
+figures, where the runtime gives a `reporter`), takes rrun's notices (hosts-updated, for elastic
+jobs; report-now) and, where the job has a heartbeat timeout and rrun has been silent that long,
+ends this process: rrun has given up on this host (its link was cut), so the rest of the job has
+gone on without it, and nothing else would end a rank blocked in MPI on a host cut off from the
+others."""
 
 import os
 import selectors
@@ -19,13 +21,17 @@ LOST_EXIT_CODE = 75  # ended for lost contact with rrun (EX_TEMPFAIL)
 
 
 class Link:
-    def __init__(self, address, timeout, rank, secret):
-        """Connect, take rrun's challenge and say a hello signed for it with the job's `secret`."""
+    def __init__(self, address, timeout, rank, secret, reporter=None):
+        """Connect, take rrun's challenge and say a hello signed for it with the job's `secret`.
+        `timeout`: the heartbeat's (None: rrun's silence ends nothing). `reporter()` gives the
+        fields of this rank's report."""
         self.timeout = timeout
         self.rank = rank
+        self.reporter = reporter
         self.hosts_updated = threading.Event()
         host, _, port = address.rpartition(":")
-        self._socket = socket.create_connection((host, int(port)), timeout=timeout)
+        self._socket = socket.create_connection((host, int(port)),
+                                                timeout=timeout or protocol.DEFAULT_HEARTBEAT_SECONDS)
         challenge = b""
         while b"\n" not in challenge:
             data = self._socket.recv(4096)
@@ -68,8 +74,25 @@ class Link:
                     return
             time.sleep(0.01)
 
+    def report(self):
+        """Send this rank's report now; its oldest flight records are left out where the line
+        would be longer than rrun takes."""
+        if self.reporter is None:
+            return
+        try:
+            fields = self.reporter()
+        except Exception as error:  # the runtime is shutting down under us: the next beat tries again
+            fields = {"records": [], "now": time.time(), "problem": f"{type(error).__name__}: {error}"}
+        line = protocol.signed_link_message(self._secret, self._nonce, "report", **fields)
+        while len(line) > protocol.MAX_LINE_BYTES and fields["records"]:
+            fields["records"] = fields["records"][len(fields["records"]) // 4 + 1:]
+            line = protocol.signed_link_message(self._secret, self._nonce, "report", **fields)
+        with self._lock:
+            self._pending += line
+        self.flush(seconds=0)
+
     def _run(self):
-        interval = protocol.beat_interval(self.timeout)
+        interval = protocol.beat_interval(self.timeout or protocol.DEFAULT_HEARTBEAT_SECONDS)
         heard, beaten, received = time.monotonic(), 0.0, self._received
         with selectors.DefaultSelector() as selector:
             selector.register(self._socket, selectors.EVENT_READ)
@@ -77,6 +100,7 @@ class Link:
                 now = time.monotonic()
                 if now - beaten >= interval:
                     self.send("beat")
+                    self.report()
                     beaten = now
                 self.flush(seconds=0)
                 for _ in selector.select(timeout=interval):
@@ -96,7 +120,9 @@ class Link:
                             self.hosts_updated.set()
                         elif message["kind"] == "rank-failed":  # the job goes on without it (ULFM)
                             faults.report(message["why"])
-                if time.monotonic() - heard > self.timeout:
+                        elif message["kind"] == "report-now":
+                            self.report()
+                if self.timeout is not None and time.monotonic() - heard > self.timeout:
                     self._lose(f"no word from rrun for {self.timeout:g} s (this host's link is down, or rrun's "
                                "host is)")
 
@@ -110,22 +136,27 @@ class Link:
 _link = None
 
 
-def connect(rank, environ=os.environ):
-    """Start the link where rrun asked for it; idempotent."""
+def connect(rank, reporter=None, environ=os.environ):
+    """Start the link where rrun asked for it; idempotent. Where the job has no heartbeat, a link
+    that cannot be made only costs rrun this rank's report, and says so."""
     global _link
     address = environ.get(protocol.LINK_VARIABLE)
     if address and _link is None:
-        timeout = float(environ.get(protocol.HEARTBEAT_VARIABLE, protocol.DEFAULT_HEARTBEAT_SECONDS))
+        timeout = environ.get(protocol.HEARTBEAT_VARIABLE)
         secret = environ.get(protocol.SECRET_VARIABLE)
         if not secret:
             raise RingReduceError(f"rank {rank}: rrun gave a link ({protocol.LINK_VARIABLE}) but not the job's secret "
                                   f"({protocol.SECRET_VARIABLE}): start the job with this ringreduce's rrun")
         try:
-            _link = Link(address, timeout, rank, secret)
+            _link = Link(address, None if timeout is None else float(timeout), rank, secret, reporter)
         except OSError as error:
-            raise RingReduceError(f"rank {rank} cannot reach rrun at {address} ({error}): a firewall between this "
-                                  "host and rrun's, or rrun advertised an address this host cannot route to "
-                                  "(give rrun -i with the interface the hosts share)") from None
+            problem = (f"rank {rank} cannot reach rrun at {address} ({error}): a firewall between this host and "
+                       "rrun's, or rrun advertised an address this host cannot route to (give rrun -i with the "
+                       "interface the hosts share)")
+            if timeout is not None:
+                raise RingReduceError(problem) from None
+            print(f"ringreduce: {problem}; rrun will not show this rank's last collectives", file=sys.stderr,
+                  flush=True)
     return _link
 
 
