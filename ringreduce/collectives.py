@@ -7,6 +7,7 @@ instead of the others waiting forever. Out-of-place calls write a new array; the
 not change until the handle is done. The in-place forms write into the array they are given.
 """
 
+import sys
 import threading
 import time
 import typing
@@ -267,8 +268,8 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
                in_place and tensor.flags.writeable and tensor.flags.c_contiguous)
         message = domain.checked.get(key)
         if message is not None:
-            recorder = runtime.active().flight_recorder
-            flight = recorder.record(message, domain.set_id, site=user_call_site())
+            recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # allreduce's caller
+            flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
             result = domain.ordered.run(message, tensor, tensor if in_place else None)[1]
             recorder.finished(flight)
             return result
@@ -333,7 +334,8 @@ def _submit(kind, name, build, process_set):
             if plain[3] is not None:
                 domain.remember_checked(plain[3], message)
             return Finished(result)
-    handle = flight.handle = Handle(name, domain.engine.waiters)
+    handle = Handle(name, domain.engine.waiters)
+    recorder.started_as(flight, handle)
     domain.engine.submit(Request(message, handle, **data), wake=plain is None)
     return handle
 

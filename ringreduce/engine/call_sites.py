@@ -29,3 +29,10 @@ def user_call_site(depth: int = 2) -> str:
             return f"{file}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+def site_of(code, line: int) -> str | None:
+    """'file.py:123' for a frame's code and line that user_call_site has seen as the user's; None
+    for ringreduce's, a framework's, or code it has not met."""
+    file = _FILES.get(code)
+    return f"{file}:{line}" if file else None

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from ringreduce.engine.agreement import Message
+from ringreduce.engine.call_sites import user_call_site
 from ringreduce.engine.flight_recorder import FlightRecorder
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.engine.requests import Handle
@@ -30,17 +31,30 @@ def test_the_recorder_keeps_the_last_n_and_reads_their_end_from_their_handles():
         recorder.record(message(f"g{i}"), set_id=0, handle=handle)
     handles[2].finish("result")
     records = recorder.snapshot(missing_ranks=lambda set_id, name: [1, 3])
-    assert [r["seq"] for r in records] == [2, 3, 4] and recorder.last_seq() == 4
+    assert [r["seq"] for r in records] == [2, 3, 4]
     assert records[0]["done"] == handles[2].finished_at >= records[0]["submitted"]
     assert records[1]["done"] is None and records[1]["waiting_for"] == [1, 3]
     assert records[0]["shape"] == [2, 3] and records[0]["site"] == "train.py:88" and "waiting_for" not in records[0]
     json.dumps(records)  # what the link sends
 
 
+def test_a_reused_message_is_recorded_at_its_caller_s_line():
+    def users_code():
+        return user_call_site(depth=1), sys._getframe()
+
+    seen, frame = users_code()  # what the first call of a line does: looks its site up in full
+    recorder = FlightRecorder(4)
+    recorder.record(message("g", site="elsewhere.py:1"), 0, caller=(frame.f_code, 77))
+    recorder.record(message("g", site="elsewhere.py:1"), 0, caller=(FlightRecorder.record.__code__, 9))
+    assert seen.startswith("test_flight_recorder.py:")
+    # The caller's line where its code is the user's; the message's where it is ringreduce's own.
+    assert [r["site"] for r in recorder.snapshot()] == ["test_flight_recorder.py:77", "elsewhere.py:1"]
+
+
 def test_a_recorder_of_none_keeps_nothing():
     recorder = FlightRecorder(0)
     recorder.record(message("g"), 0)
-    assert recorder.snapshot() == [] and recorder.last_seq() == -1
+    assert recorder.snapshot() == []
 
 
 def test_side_by_side_shows_each_rank_s_last_few_with_call_sites_and_waits():

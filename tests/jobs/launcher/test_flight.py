@@ -39,6 +39,7 @@ def test_a_stall_and_a_dump_show_each_rank_s_last_collectives_and_the_job_goes_o
     job = start("hang", 6, rrun_args=("--stall-check-seconds", "2"))
     try:
         shown = dump_when_waiting(job)
+        job.send_signal(signal.SIGUSR2)  # the same, on rrun's stderr
         stdout, stderr = job.communicate(timeout=60)
     finally:
         job.kill()
@@ -53,6 +54,8 @@ def test_a_stall_and_a_dump_show_each_rank_s_last_collectives_and_the_job_goes_o
     # The stall, shown once by rrun while the job went on (and the job ended well).
     assert stderr.count("a collective has waited 2 s or more") == 1, stderr
     assert re.search(rf"rank 0: .*'loss'.* at {LOSS_SITE}, WAITING", stderr)
+    usr2 = stderr[stderr.index("(asked for while the job runs)"):]
+    assert re.search(rf"rank 0: .*'loss'.* at {LOSS_SITE}, WAITING [\d.]+ s for rank 1", usr2)
 
 
 def test_an_interrupted_job_shows_and_files_every_rank_s_last_collectives():
