@@ -58,6 +58,8 @@ bench: install
 	$(PYTHON) benchmarks/horovod_scaling.py
 	$(RRUN) -np 3 $(PYTHON) benchmarks/process_sets.py
 	$(RRUN) -np 2 $(PYTHON) benchmarks/call_sites.py
+	$(RRUN) -np 2 $(PYTHON) benchmarks/engine_phases.py
+	$(RRUN) -np 3 $(PYTHON) benchmarks/engine_phases.py
 	$(RRUN) -np 3 $(PYTHON) benchmarks/deterministic.py
 	$(RRUN) -np 4 $(PYTHON) benchmarks/deterministic.py
 	$(RRUN) -np 4 $(PYTHON) examples/hybrid_parallel.py --epochs 3

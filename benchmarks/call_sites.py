@@ -24,7 +24,7 @@ from ringreduce.engine import call_sites
 class NoRecorder:
     """A recorder that records nothing, at no cost: the baseline."""
 
-    def record(self, message, set_id, handle=None, caller=None):
+    def record(self, message, set_id, caller=None):
         return None
 
     @staticmethod

@@ -40,7 +40,7 @@ class Handle:
         self._pending.acquire()
         self._result = None
         self._error = None
-        self.finished_at = None  # time.time() of finish(), for the flight recorder
+        self.flight = None  # its flight recorder entry, which finish() marks done
 
     def done(self):
         return not self._pending.locked()
@@ -64,7 +64,9 @@ class Handle:
 
     def finish(self, result=None, error=None):
         if self._pending.locked():  # the first outcome stands
-            self._result, self._error, self.finished_at = result, error, time.time()
+            self._result, self._error = result, error
+            if self.flight is not None:
+                self.flight[-1] = time.time()
             self._pending.release()
 
     def __repr__(self):

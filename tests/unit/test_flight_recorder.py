@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from ringreduce.engine.agreement import Message
@@ -24,18 +25,28 @@ def message(name, kind="allreduce", site="train.py:88"):
     return Message(name=name, kind=kind, dtype="float32", shape=(2, 3), site=site)
 
 
-def test_the_recorder_keeps_the_last_n_and_reads_their_end_from_their_handles():
+def test_the_recorder_keeps_the_last_n_and_their_handles_mark_them_done():
     recorder = FlightRecorder(3)
     handles = [Handle(f"g{i}") for i in range(5)]
     for i, handle in enumerate(handles):
-        recorder.record(message(f"g{i}"), set_id=0, handle=handle)
-    handles[2].finish("result")
+        recorder.started_as(recorder.record(message(f"g{i}"), set_id=0), handle)
+    handles[2].finish(np.ones(4))
     records = recorder.snapshot(missing_ranks=lambda set_id, name: [1, 3])
     assert [r["seq"] for r in records] == [2, 3, 4]
-    assert records[0]["done"] == handles[2].finished_at >= records[0]["submitted"]
+    assert records[0]["done"] >= records[0]["submitted"]
     assert records[1]["done"] is None and records[1]["waiting_for"] == [1, 3]
     assert records[0]["shape"] == [2, 3] and records[0]["site"] == "train.py:88" and "waiting_for" not in records[0]
     json.dumps(records)  # what the link sends
+
+
+def test_a_record_keeps_no_result_alive():
+    """A kept result would keep its block from the recycler: each 1 MiB result then new memory."""
+    recorder, handle = FlightRecorder(3), Handle("g")
+    recorder.started_as(recorder.record(message("g"), 0), handle)
+    result = np.ones(1 << 18, np.float32)
+    handle.finish(result)
+    del handle
+    assert sys.getrefcount(result) == 2  # this name and getrefcount's argument
 
 
 def test_a_reused_message_is_recorded_at_its_caller_s_line():

@@ -1,0 +1,96 @@
+"""Where a plain call's time goes, phase by phase: the meeting in program order, the engine's
+state exchange, the rest of its cycle, the execution (packing, the algorithm, handing out the
+result) and what lies outside all of them (argument checks, the hand-over to the cycles, waking
+the caller). Each phase is timed by wrapping the method that runs it, on rank 0, over many calls
+in a row; the family's own allreduce and MPI's are timed alone in the same run.
+
+    rrun -np 2 python benchmarks/engine_phases.py
+"""
+
+import argparse
+import collections
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringreduce as rr
+from ringreduce import runtime
+from ringreduce.engine import loop, plain_calls
+from ringreduce.execution import host
+from ringreduce.machine.layout import offsets_of
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
+PHASES = {  # phase -> (class, method) whose calls it adds up
+    "meeting in program order": (plain_calls.PlainCalls, "run"),
+    "state exchange": (loop.Engine, "_exchange_states"),
+    "cycle": (loop.Engine, "_cycle"),
+    "execution": (host.Executor, "run"),
+}
+
+
+def timed(totals, phase, method):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - start
+    return wrapper
+
+
+def per_call(run, calls):
+    MPI.COMM_WORLD.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - start) / calls
+
+
+def measure(kind, size, algorithms, comm, calls, totals):
+    """(kind, size, whole call, {phase: seconds}, the family alone, MPI's own), per call."""
+    x = np.ones(size // 4, np.float32)
+    if kind == "allreduce":
+        out = np.empty_like(x)
+        call, alone, mpi = (lambda: rr.allreduce(x, op=rr.Sum, name="phases"),
+                            lambda: algorithms.allreduce(out, rr.Sum, x), lambda: comm.Allreduce(x, out))
+    else:
+        out, offsets = np.empty(x.size * comm.size, np.float32), offsets_of([x.size] * comm.size)
+        call, alone, mpi = (lambda: rr.allgather(x, name="phases.g"), lambda: algorithms.allgather(out, offsets),
+                            lambda: comm.Allgather(x, out))
+    per_call(call, 20)  # warm-up: plans, the cache
+    totals.clear()
+    whole = per_call(call, calls)
+    phases = {phase: totals[phase] / calls for phase in PHASES}
+    return kind, size, whole, phases, per_call(alone, calls), per_call(mpi, calls)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    rr.init()
+    totals = collections.Counter()
+    for phase, (owner, name) in PHASES.items():
+        setattr(owner, name, timed(totals, phase, getattr(owner, name)))
+    algorithms = runtime.active().engine.algorithms
+    comm = MPI.COMM_WORLD
+    rows = [measure(kind, size, algorithms, comm, args.calls, totals)
+            for kind in ("allreduce", "allgather") for size in (SIZES if kind == "allreduce" else SIZES[:2])]
+    if rr.rank() == 0:
+        print(f"where a plain call's time goes, {comm.size} ranks, rank 0, us per call ({args.calls} calls in a "
+              "row)")
+        print(f"{'call':>16} {'whole':>7} {'meeting':>8} {'states':>7} {'cycle*':>7} {'execute':>8} "
+              f"{'outside':>8} {'family':>7} {'MPI':>6}")
+        for kind, size, whole, phases, alone, mpi in rows:
+            meeting, states, cycle, execution = (phases[p] * 1e6 for p in PHASES)
+            outside = whole * 1e6 - meeting - cycle
+            print(f"{kind:>9} {size >> 10:>4} KiB {whole * 1e6:7.0f} {meeting:8.0f} {states:7.0f} "
+                  f"{cycle - states - execution:7.0f} {execution:8.0f} {outside:8.0f} {alone * 1e6:7.0f} "
+                  f"{mpi * 1e6:6.0f}")
+        print("cycle*: the engine cycle's own work beyond the state exchange and the execution")
+    rr.shutdown()
+
+
+if __name__ == "__main__":
+    main()
