@@ -7,7 +7,11 @@ the ranks left) and grows when the discovery script reports more slots:
         python examples/pytorch_elastic.py
 
 (examples/discover_hosts.sh prints this machine with 2 slots, or the lines of the file $HOSTS: edit
-that file while the job runs to see it resize.) Under a plain `rrun -np 2` it trains as any job.
+that file while the job runs to see it resize.) On one workstation, kill a rank's process (`kill -9`)
+after the first epoch: rrun names it, sees that its host still answers, and starts the ranks there
+again from the last commit; a rank that fails at every start gets its host set aside after
+--tries-per-host tries (2), and the job ends at once, saying why. Under a plain `rrun -np 2` it
+trains as any job.
 """
 
 import torch

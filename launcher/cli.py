@@ -176,8 +176,13 @@ def _knob_name(flag):
               help="Elastic: give up after this many failures (a failure no host is blamed for would "
                    "otherwise start the job again for ever).")
 @click.option("--blacklist-cooldown-range", type=(click.FloatRange(min=0), click.FloatRange(min=0)), default=None,
-              metavar="MIN MAX", help="Elastic: a failed host comes back after MIN seconds, doubled with each "
-              "further failure up to MAX [default: never].")
+              metavar="MIN MAX", help="Elastic: a host set aside comes back after MIN seconds, doubled each "
+              "further time up to MAX [default: never].")
+@click.option("--tries-per-host", type=click.IntRange(min=1), default=elastic.Settings.tries_per_host,
+              show_default=True,
+              help="Elastic: set a host aside once its ranks failed this many times in a row with no commit in "
+                   "between (a rank that fails once is started on its host again; a host that stops answering "
+                   "is set aside at once).")
 @click.option("--heartbeat-seconds", type=click.FloatRange(min=0.5),
               help="End the job (elastic: the generation) when a rank has sent rrun no heartbeat this long: a host "
                    f"cut off or frozen [default: {protocol.DEFAULT_HEARTBEAT_SECONDS:g} for elastic jobs, "
@@ -192,8 +197,8 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
          mpi_args, launcher, mpiexec_name, env_items, secret_names, verbose, dry_run, check_build, monitor, dump_pid,
          calibrate, explain,
          strict_placement, skip_host_check, grace_seconds, restarts, min_np, max_np, host_discovery_script,
-         slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range, heartbeat_seconds, commit_dir, command,
-         **knobs):
+         slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range, tries_per_host, heartbeat_seconds,
+         commit_dir, command, **knobs):
     """Run COMMAND on every rank, e.g. `rrun -np 4 python train.py`.
 
     One rank per GPU: at init each rank takes the GPU nearest the CPUs it may run on (local rank
@@ -214,7 +219,7 @@ def main(num_proc, host_list, hostfile, network_interface, net_device, nccl_ib_h
     if host_discovery_script or min_np or max_np:
         settings = elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, host_discovery_script,
                                    slots_per_host, elastic_timeout, reset_limit, blacklist_cooldown_range,
-                                   heartbeat_seconds, commit_dir)
+                                   heartbeat_seconds, commit_dir, tries_per_host)
     else:
         num_proc, placement = resolve_ranks(num_proc, host_list, hostfile, os.environ, strict_placement, launcher)
     if launcher == "srun":
@@ -304,7 +309,8 @@ def _run_with_restarts(job, launch_of, restarts, heartbeat_seconds, verbose, dry
 
 
 def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, discovery_script, slots_per_host,
-                    elastic_timeout, reset_limit, cooldown_range, heartbeat_seconds, commit_dir):
+                    elastic_timeout, reset_limit, cooldown_range, heartbeat_seconds, commit_dir,
+                    tries_per_host=elastic.Settings.tries_per_host):
     """The settings of an elastic job, checked against each other."""
     if not discovery_script:
         raise LaunchError("an elastic job (--min-np, --max-np) needs --host-discovery-script")
@@ -326,7 +332,7 @@ def elastic_options(num_proc, host_list, hostfile, restarts, min_np, max_np, dis
                             slots_per_host=slots_per_host, elastic_timeout=elastic_timeout, reset_limit=reset_limit,
                             cooldown_range=cooldown_range,
                             heartbeat_seconds=heartbeat_seconds or protocol.DEFAULT_HEARTBEAT_SECONDS,
-                            commit_dir=commit_dir)
+                            commit_dir=commit_dir, tries_per_host=tries_per_host)
 
 
 def resolve_ranks(num_proc, host_list, hostfile, environ, strict_placement=False, launcher="mpiexec"):

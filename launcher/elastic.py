@@ -5,8 +5,10 @@ here (see docs/elastic.md), so a resize starts new processes, which resume from 
 
 A generation ends in one of three ways: the training function returned (the job is done), the ranks
 left to resize at a commit after rrun told them of new hosts, or a rank failed (or stopped beating).
-After a failure the failed host is set aside (for the cool-down, or for good without one), and the
-next generation starts on what is left, if that is at least --min-np slots."""
+After a failure the next generation starts from the newest commit: on the same hosts where the
+failed one still answers (a crashed process says nothing about its host), without a host that
+stopped beating or whose ranks keep failing (SetAside), if what is left has --min-np slots; where
+no host can come back, the job ends at once, saying which hosts were set aside and why."""
 
 import dataclasses
 import os
@@ -39,6 +41,7 @@ class Settings:
     cooldown_range: tuple[float, float] | None = None
     heartbeat_seconds: float = protocol.DEFAULT_HEARTBEAT_SECONDS
     commit_dir: str | None = None
+    tries_per_host: int = 2
 
 
 def discover(script, slots_per_host):
@@ -71,33 +74,64 @@ def discover(script, slots_per_host):
 
 
 class SetAside:
-    """Hosts that failed, set aside: for good without a cool-down range, else for the range's low
-    end, doubled with each further failure of the host, at most its high end (Horovod's
-    --blacklist-cooldown-range)."""
+    """Hosts set aside, and why. Only what says that a host is bad sets it aside: it stopped
+    answering (the heartbeat), or its ranks failed `tries` times in a row with no commit made in
+    between; a rank that fails once on a host that answers is started there again. A host is set
+    aside for good without a cool-down range, else for the range's low end, doubled with each
+    further time, at most its high end (Horovod's --blacklist-cooldown-range)."""
 
-    def __init__(self, cooldown_range, clock=time.monotonic):
+    def __init__(self, cooldown_range, tries=2, clock=time.monotonic):
         self.cooldown_range = cooldown_range
+        self.tries = tries
         self.clock = clock
-        self.failures = {}  # host -> count
+        self.failures = {}  # host -> times set aside
+        self.in_a_row = {}  # host -> failures of its ranks since the last commit
         self.until = {}  # host -> clock time it may come back (inf: never)
+        self.why = {}  # host -> why it was set aside
 
-    def add(self, host):
+    def failed(self, host, why, unreachable=False):
+        """A generation failed on `host` (`why`); seconds it is set aside for (inf: for good), or
+        None where its ranks start there again."""
+        if not unreachable:
+            count = self.in_a_row[host] = self.in_a_row.get(host, 0) + 1
+            if count < self.tries:
+                return None
+            why = f"its ranks failed {count} times in a row without a commit; the last: {why}"
+        return self.add(host, why)
+
+    def committed(self):
+        """The ranks made a commit: the failures before it no longer count against their hosts."""
+        self.in_a_row.clear()
+
+    def add(self, host, why=""):
         count = self.failures[host] = self.failures.get(host, 0) + 1
+        self.in_a_row.pop(host, None)
         if self.cooldown_range is None:
             seconds = float("inf")
         else:
             low, high = self.cooldown_range
             seconds = min(high, low * 2 ** (count - 1))
         self.until[host] = self.clock() + seconds
+        self.why[host] = why
         return seconds
 
     def usable(self, found):
         now = self.clock()
         return [h for h in found if self.until.get(h.name, 0) <= now]
 
-    def describe(self):
+    def none_can_come_back(self, found):
+        """True when no host of `found` (the discovery script's) is usable and none will be: every
+        one listed is set aside for good (or none is listed, after a host was set aside for good)
+        and no cool-down runs."""
         now = self.clock()
-        return ", ".join(f"{host} ({'for good' if until == float('inf') else f'{until - now:.0f} s more'})"
+        cooling = any(now < until < float("inf") for until in self.until.values())
+        gone = [name for name, until in self.until.items() if until == float("inf")]
+        return not cooling and bool(gone) and all(self.until.get(h.name) == float("inf") for h in found)
+
+    def describe(self, why=False):
+        now = self.clock()
+        return ", ".join(f"{host} ({'for good' if until == float('inf') else f'back in {until - now:.0f} s'}"
+                         + (f": {self.why[host]}" if why and self.why.get(host) else "") + ")"
                          for host, until in self.until.items() if until > now)
 
 
@@ -109,7 +143,7 @@ class ElasticRun:
         shrink a job (ULFM), so the survivors of a failure go on in their processes."""
         self.settings, self.first_size, self.job, self.command = settings, num_proc, job, command
         self.verbose, self.grace_seconds, self.launch_of = verbose, grace_seconds, launch_of
-        self.set_aside = SetAside(settings.cooldown_range)
+        self.set_aside = SetAside(settings.cooldown_range, settings.tries_per_host)
         self.job_id = uuid.uuid4().hex[:12]
         self.in_place = in_place
         self.monitor = monitor
@@ -197,10 +231,17 @@ class ElasticRun:
         if self.settings.reset_limit is not None and self._resets > self.settings.reset_limit:
             _say(f"the job failed {self._resets} times, more than --reset-limit {self.settings.reset_limit}")
             return status
+        if any(m["kind"] == "committed" for _, _, m in messages):
+            self.set_aside.committed()
         if host is not None:
-            seconds = self.set_aside.add(host)
-            _say(f"setting {host} aside {'for good' if seconds == float('inf') else f'for {seconds:g} s'}"
-                 " and going on without it")
+            unreachable = supervisor.ended_for is not None  # it stopped beating: cut off or frozen
+            why = supervisor.ended_for[0] if unreachable else supervisor.failure_text()
+            seconds = self.set_aside.failed(host, why, unreachable)
+            if seconds is None:
+                _say(f"{host} answers: its ranks start there again")
+            else:
+                _say(f"setting {host} aside {'for good' if seconds == float('inf') else f'for {seconds:g} s'} "
+                     f"({self.set_aside.why[host]}) and going on without it")
         return None
 
     def _placement(self, wanted):
@@ -211,23 +252,27 @@ class ElasticRun:
         said = None
         while True:
             try:
-                usable = self.set_aside.usable(discover(self.settings.discovery_script, self.settings.slots_per_host))
+                found = discover(self.settings.discovery_script, self.settings.slots_per_host)
             except LaunchError as error:  # as the watcher does: the script may work the next time
                 if time.monotonic() > deadline:
                     raise
                 _say(f"{error}; trying again")
                 time.sleep(DISCOVERY_INTERVAL)
                 continue
+            usable = self.set_aside.usable(found)
             slots = sum(h.slots for h in usable)
             if slots >= self.settings.min_np:
                 size = min([slots] + [n for n in (self.settings.max_np, wanted) if n is not None])
                 return hosts.place(usable, size)
+            if self.set_aside.none_can_come_back(found):
+                raise LaunchError(f"no host can run the job: {slots} usable slots, --min-np is {self.settings.min_np}, "
+                                  f"and none comes back; set aside: {self.set_aside.describe(why=True)}")
             if time.monotonic() > deadline:
                 raise LaunchError(f"waited {self.settings.elastic_timeout:g} s (--elastic-timeout) for the "
                                   f"{self.settings.min_np} slots of --min-np; the hosts usable have {slots}")
             message = f"waiting for hosts: {slots} usable slots, --min-np is {self.settings.min_np}"
             if self.set_aside.describe():
-                message += f"; set aside: {self.set_aside.describe()}"
+                message += f"; set aside: {self.set_aside.describe(why=True)}"
             if message != said:
                 _say(message)
                 said = message

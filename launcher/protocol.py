@@ -73,6 +73,7 @@ RANK_MESSAGES = {
     "beat": {},
     "resumed": {"commit": (int, type(None)), "size": int, "in_place": bool},
     "resizing": {},
+    "committed": {},  # an elastic job's ranks made a commit (rank 0 says so)
     "done": {},
     # Each beat: the rank's flight records and its clock; its figures of the last minute where it
     # has them (window, rounds_per_second, wait_share, behind_seconds, bytes), which rrun checks.

@@ -92,6 +92,13 @@ class Supervisor:
         first = self._first_failure()
         return first["time"] if first else None
 
+    def failure_text(self):
+        """'rank 2 (on vm) failed: killed by signal 9 (SIGKILL)', of the failure that ended the job."""
+        first = self._first_failure()
+        if first is None:
+            return "the job failed"
+        return f"rank {first['rank']} (on {first['host']}) failed: {report_how(first)}"
+
     def _first_failure(self):
         """The report of the rank that failed first (one that left while others waited is to blame
         for their PeerExitedError), or None."""

@@ -95,6 +95,8 @@ class State:
         link = rrun_link.current()
         updated = self._store.confirm(key, problem, flag=link is not None and link.hosts_updated.is_set())
         self._key = key
+        if link is not None and runtime.active().topology.rank == 0:  # its failures so far were not its hosts'
+            link.send("committed")
         if updated:
             raise HostsUpdatedInterrupt(skip_sync=False)
 

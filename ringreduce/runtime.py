@@ -345,13 +345,11 @@ def peer_failed(error: BaseException | None) -> bool:
         return True
     while error is not None:
         if isinstance(error, RankFailedError) or (
-                isinstance(error, MPI.Exception) and error.Get_error_class() in _FAILURE_CLASSES):
+                isinstance(error, MPI.Exception) and error.Get_error_class() in faults.FAILURE_CLASSES):
             return True
         error = error.__cause__
     return False
 
-
-_FAILURE_CLASSES = tuple(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_REVOKED") if hasattr(MPI, name))
 
 
 def is_initialized() -> bool:

@@ -24,7 +24,6 @@ common across ranks: give them the async forms (or RINGREDUCE_PROGRAM_ORDER=0). 
 joined answers the plain calls of the others with the op's identity until every rank has joined.
 """
 
-import contextlib
 import os
 import pickle
 import struct
@@ -38,7 +37,7 @@ from ringreduce import ops
 from ringreduce.engine import agreement
 from ringreduce.engine.loop import report_stall
 from ringreduce.engine.negotiation import Stragglers
-from ringreduce.errors import MismatchError, PeerExitedError, RingReduceError, StallError, ranks_text
+from ringreduce.errors import MismatchError, PeerExitedError, RankFailedError, RingReduceError, StallError, ranks_text
 from ringreduce.machine import faults
 from ringreduce.machine.transport import MAX_SLEEP_SECONDS, YIELD_SECONDS, wait_until
 from ringreduce.numerics import reduction
@@ -378,13 +377,19 @@ class _Plan:
 
 def _done(requests, message, where):
     """Are these requests done? A packet longer than its buffer can only be another call's: once
-    every request is done (so that the ranks stay in step), that is a MismatchError."""
+    every request is done (so that the ranks stay in step), that is a MismatchError. A peer that
+    failed (MPI's fault tolerance) is a RankFailedError, which the survivors go on after."""
     try:
         return MPI.Request.Testall(requests)
     except MPI.Exception as error:
+        classes = set()
         for request in requests:
-            with contextlib.suppress(MPI.Exception):
+            try:
                 wait_until(request.Test)
+            except MPI.Exception as failed:
+                classes.add(failed.Get_error_class())
+        if classes & set(faults.FAILURE_CLASSES):
+            raise RankFailedError(f"a peer of {message.kind} {message.name!r}{where} failed ({error})") from error
         raise MismatchError(f"{message.kind} {message.name!r}{where} does not match across ranks: another rank's "
                             f"call is larger than this one's beyond the room for it ({error})") from None
 

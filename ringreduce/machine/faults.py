@@ -2,9 +2,13 @@
 ULFM): rrun says so over its link to every rank, and every wait of ringreduce's (for MPI requests
 and in shared memory) checks here, so that no survivor stays blocked on the dead rank."""
 
+from mpi4py import MPI
+
 from ringreduce.errors import RankFailedError
 
 _failure = None  # what rrun said failed, until the job has shrunk
+# The error classes of an MPI call that met a failed rank (ULFM); none where the MPI has no ULFM.
+FAILURE_CLASSES = tuple(getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_REVOKED") if hasattr(MPI, name))
 
 
 def report(message):

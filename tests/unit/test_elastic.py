@@ -34,6 +34,31 @@ class TestLogic:
         aside.add("a")
         assert aside.usable([elastic.hosts.Host("a", 1)]) == [] and "a (for good)" in aside.describe()
 
+    def test_a_host_that_answers_is_set_aside_only_when_its_ranks_keep_failing(self):
+        aside = elastic.SetAside(None, tries=2, clock=lambda: 5.0)
+        a = [elastic.hosts.Host("a", 2)]
+        assert aside.failed("a", "rank 1 (on a) failed: killed") is None and aside.usable(a) == a
+        aside.committed()  # progress since: the next failure is the first again
+        assert aside.failed("a", "rank 1 (on a) failed: killed") is None
+        assert aside.failed("a", "rank 0 (on a) failed: exited with status 3") == float("inf")
+        assert aside.usable(a) == [] and aside.none_can_come_back(a)
+        assert aside.describe(why=True) == ("a (for good: its ranks failed 2 times in a row without a commit; the "
+                                            "last: rank 0 (on a) failed: exited with status 3)")
+
+    def test_a_host_that_stops_answering_is_set_aside_at_once(self):
+        aside = elastic.SetAside((10, 40), tries=3, clock=lambda: 0.0)
+        assert aside.failed("b", "rank 2 (on b) sent no heartbeat", unreachable=True) == 10
+        # A cool-down runs: the host comes back, so the job waits rather than ending.
+        assert not aside.none_can_come_back([elastic.hosts.Host("b", 2)])
+        assert aside.describe(why=True) == "b (back in 10 s: rank 2 (on b) sent no heartbeat)"
+
+    def test_hosts_that_can_come_back_keep_the_job_waiting(self):
+        aside = elastic.SetAside(None, clock=lambda: 0.0)
+        assert not aside.none_can_come_back([])  # nothing listed yet, nothing set aside: hosts may come
+        aside.add("a", "gone")
+        assert not aside.none_can_come_back([elastic.hosts.Host("c", 1)])  # c is listed and not aside
+        assert aside.none_can_come_back([]) and aside.none_can_come_back([elastic.hosts.Host("a", 1)])
+
     def test_the_discovery_script_s_lines(self, tmp_path):
         script, _ = discovery_script(tmp_path, ["# hosts", "a:2", "b", "a:1"])
         with pytest.raises(LaunchError, match="without slots"):
