@@ -201,7 +201,7 @@ class ElasticRun:
         supervisor = Supervisor(self.launch_of(job), self.verbose, self.grace_seconds, survivors, self.watch)
         link_server.watch(supervisor)
         link_server.on_gone = supervisor.take_report if survivors is not None else None
-        watcher = _HostWatcher(self, placement, link_server)
+        watcher = _HostWatcher(self, placement, link_server, survivors)
         watcher.start()
         try:
             status = supervisor.run()
@@ -339,10 +339,13 @@ def placement_host(reported, names):
 class _HostWatcher:
     """Runs the discovery script while a generation runs; tells the ranks (once, those still
     starting too) when the hosts they could use differ from the ones they run on, so they resize at
-    their next commit."""
+    their next commit. Where the MPI shrank the job in place (`survivors`), the ranks left are what
+    it runs: a slot a failed rank left counts as one to grow into, up to --max-np, so a replacement
+    starts."""
 
-    def __init__(self, run, placement, link_server):
+    def __init__(self, run, placement, link_server, survivors=None):
         self.run, self.placement, self.link_server = run, dict(placement), link_server
+        self.survivors = survivors
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rrun-discovery", daemon=True)
 
@@ -361,9 +364,12 @@ class _HostWatcher:
             except LaunchError as error:
                 _say(f"{error}; trying again")
                 continue
-            size = sum(self.placement.values())
+            size = self.survivors.alive if self.survivors is not None else sum(self.placement.values())
             slots = sum(h.slots for h in usable)
-            can_grow = slots > size and (settings.max_np is None or size < settings.max_np)
+            # A job shrunk in place grows back (a replacement on the slot its dead rank left) only
+            # where --max-np asks for that size: its survivors otherwise finish at their size.
+            limit = settings.max_np if settings.max_np is not None or self.survivors is None else size
+            can_grow = slots > size and (limit is None or size < limit)
             lost = set(self.placement) - {h.name for h in usable}
             if can_grow or lost:
                 what = [f"{slots} usable slots for {size} ranks"] if can_grow else []

@@ -161,6 +161,10 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 link.send("resizing")
                 link.flush()
                 runtime.shutdown()
+                if shrunk:  # MPI's finalize would wait on the communicators the dead rank was in
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(0)
                 sys.exit(0)
             except Exception as error:
                 if not (in_place and runtime.peer_failed(error)):

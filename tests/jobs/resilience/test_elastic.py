@@ -140,17 +140,23 @@ def test_keras_state_resumes_fit_from_the_last_epoch_committed(tmp_path):
 
 def test_under_open_mpi_with_ulfm_the_survivors_of_a_killed_rank_go_on_in_place(tmp_path):
     """Open MPI shrinks the job (ULFM): rank 2 of 3 is killed at step 7 and ranks 0 and 1 go on in
-    their processes, in the same generation, from commit 6, ending with the parameters of that
-    schedule. (The peer's death seen first in a plain call's meeting is a rank failure there, not
-    a mismatch: 1 run in 6 failed so.)"""
+    their processes, in the same generation, from commit 6 (the peer's death seen first in a plain
+    call's meeting is a rank failure there, not a mismatch: 1 run in 6 failed so). The slot it left
+    is usable again and --max-np is 3, so at a commit after rrun's next discovery (every second;
+    steps take 50 ms) the job grows back to 3 ranks on the same host (the survivors leave without MPI's finalize,
+    which waited on the dead rank: 3 runs in 10 hung), ending with the parameters of that
+    schedule."""
     script, _ = discovery_script(tmp_path, ["localhost:3"])
     python = python_of("openmpi")
-    job = run_job(3, "resilience/elastic_train.py", 2, "--die", "kill", "rank2", 7, python=python,
-                  rrun_args=("--min-np", "2", "--host-discovery-script", script), timeout=120)
+    job = run_job(3, "resilience/elastic_train.py", 3, "--die", "kill", "rank2", 7, "--sleep", 0.05, python=python,
+                  rrun_args=("--min-np", "2", "--max-np", "3", "--host-discovery-script", script), timeout=120)
     assert job.returncode == 0, job.stderr[-3000:]
-    resumed = assert_matches_replay(job, 2)
-    assert [(r["generation"], r["size"], r["step"]) for r in resumed] == [(0, 3, 0), (0, 2, 6)]
+    resumed = assert_matches_replay(job, 3)
+    assert [(r["generation"], r["size"], r["step"]) for r in resumed[:2]] == [(0, 3, 0), (0, 2, 6)]
+    assert [(r["generation"], r["size"]) for r in resumed[2:]] == [(1, 3)] and resumed[2]["step"] > 6, resumed
     assert resumed[1]["resets"] == [2]
+    assert "rrun: discovery: 3 usable slots for 2 ranks; the ranks resize at their next commit" in job.stderr
+    assert "sent no heartbeat" not in job.stderr
     assert "rrun: rank 2 (on " in job.stderr and "the 2 others go on in place from their last commit" in job.stderr
     died = events(job, "DYING")[0]["time"]
     assert resumed[1]["time"] - died < 3, resumed[1]["time"] - died
