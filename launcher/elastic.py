@@ -44,13 +44,20 @@ class Settings:
     tries_per_host: int = 2
 
 
+class ScriptCannotRun(LaunchError):
+    """The discovery script could not be started at all (missing, not executable, no #! line)."""
+
+
 def discover(script, slots_per_host):
     """The hosts the discovery script prints now: `host:slots` lines (or `host`, with
     --slots-per-host slots), in its order."""
     try:
         done = subprocess.run(shlex.split(script) if " " in script else [script], capture_output=True, text=True,
                               timeout=DISCOVERY_TIMEOUT, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as error:
+    except OSError as error:
+        raise ScriptCannotRun(f"--host-discovery-script {script} cannot be run ({error.strerror}): it must be an "
+                              "executable file, a script with its #! line") from None
+    except subprocess.TimeoutExpired as error:
         raise LaunchError(f"--host-discovery-script {script}: {error}") from None
     if done.returncode != 0:
         raise LaunchError(f"--host-discovery-script {script} exited with status {done.returncode}: "
@@ -164,7 +171,7 @@ class ElasticRun:
         """Run generation after generation until one ends the job; the job's exit status."""
         generation = 0
         while True:
-            placement = self._placement(self.first_size if generation == 0 else None)
+            placement = self._placement(self.first_size if generation == 0 else None, first=generation == 0)
             job = self._generation_job(generation, placement, link_server)
             _say(f"generation {generation}: {job.num_proc} ranks on {', '.join(f'{h}:{n}' for h, n in placement)}")
             status, supervisor, messages = self._run_generation(job, placement, link_server)
@@ -244,7 +251,7 @@ class ElasticRun:
                      f"({self.set_aside.why[host]}) and going on without it")
         return None
 
-    def _placement(self, wanted):
+    def _placement(self, wanted, first=False):
         """[(host, ranks)] for the next generation: as many as the usable hosts' slots allow (at
         most --max-np; the first generation at most -np), waiting for --min-np slots up to
         --elastic-timeout."""
@@ -254,8 +261,8 @@ class ElasticRun:
             try:
                 found = discover(self.settings.discovery_script, self.settings.slots_per_host)
             except LaunchError as error:  # as the watcher does: the script may work the next time
-                if time.monotonic() > deadline:
-                    raise
+                if time.monotonic() > deadline or (first and isinstance(error, ScriptCannotRun)):
+                    raise  # a script that cannot even start before the first generation: a mistake, said at once
                 _say(f"{error}; trying again")
                 time.sleep(DISCOVERY_INTERVAL)
                 continue

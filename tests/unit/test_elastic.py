@@ -83,6 +83,19 @@ class TestLogic:
         assert run._placement(2) == [("localhost", 2)]
         assert "exited with status 1: not yet; trying again" in capsys.readouterr().err
 
+    def test_a_discovery_script_that_cannot_start_ends_the_job_before_it_starts(self, tmp_path):
+        """A script without its #! line was tried every second for --elastic-timeout (600 s)."""
+        script = tmp_path / "hosts.sh"
+        script.write_text("echo localhost:2\n")
+        script.chmod(0o755)
+        run = elastic.ElasticRun(elastic.Settings(min_np=2, max_np=None, discovery_script=str(script),
+                                                  elastic_timeout=600), 2, None, [], False, 0, None)
+        started = time.monotonic()
+        with pytest.raises(LaunchError, match=r"hosts.sh cannot be run \(Exec format error\): it must be an "
+                                              "executable file, a script with its #! line"):
+            run._placement(2, first=True)
+        assert time.monotonic() - started < 5
+
     def test_the_sampler_gives_the_rest_of_the_epoch_once_after_a_resize(self, monkeypatch):
         from ringreduce import runtime
         from ringreduce.torch.elastic import ElasticSampler
