@@ -76,7 +76,7 @@ RANK_MESSAGES = {
     "committed": {},  # an elastic job's ranks made a commit (rank 0 says so)
     "done": {},
     # Each beat: the rank's flight records and its clock; its figures of the last minute where it
-    # has them (window, rounds_per_second, wait_share, behind_seconds, bytes), which rrun checks.
+    # has them (rounds_per_second, wait_share, behind_seconds, bytes), which rrun checks.
     "report": {"records": list, "now": (int, float)},
 }
 

@@ -250,9 +250,9 @@ class Runtime:
     def link_report(self):
         """What this rank tells rrun at each beat of its link: its flight records and its figures
         of the last minute (rrun's --monitor, and what it shows when the job fails or stalls)."""
-        span, rows = self.stragglers().recent()
+        _, rows = self.stragglers().recent()
         rounds_per_second, wait_share, behind = rows[self.topology.rank]
-        figures = {"now": time.time(), "window": span, "rounds_per_second": rounds_per_second,
+        figures = {"now": time.time(), "rounds_per_second": rounds_per_second,
                    "wait_share": wait_share, "behind_seconds": behind, "bytes": self.bytes_sent()}
         return {"records": self.flight_recorder.snapshot(self.missing_ranks), **figures}
 

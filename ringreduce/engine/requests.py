@@ -4,6 +4,8 @@ import dataclasses
 import threading
 import time
 
+from ringreduce.engine.flight_recorder import FlightRecorder
+
 NEW, CACHED, ANNOUNCED = "new", "cached", "announced"
 
 
@@ -66,7 +68,7 @@ class Handle:
         if self._pending.locked():  # the first outcome stands
             self._result, self._error = result, error
             if self.flight is not None:
-                self.flight[-1] = time.time()
+                FlightRecorder.finished(self.flight)
             self._pending.release()
 
     def __repr__(self):
