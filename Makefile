@@ -78,9 +78,10 @@ gpu-wheels:
 # The two-host test cluster on this machine (root): network namespaces hosta and hostb, each
 # with its own sshd, and Slurm on them (a controller and one slurmd per host). Debian's packages
 # are installed if missing. tests/cluster/down.sh undoes it.
-CLUSTER_PACKAGES := openssh-server slurmctld slurmd slurm-client munge
+CLUSTER_PACKAGES := openssh-server slurmctld slurmd slurm-client munge libpmix-dev
 cluster:
 	@test -x /usr/sbin/sshd -a -x /usr/sbin/slurmd -a -x /usr/sbin/slurmctld -a -x /usr/bin/sbatch -a -x /usr/sbin/munged \
+		&& dpkg -s libpmix-dev >/dev/null 2>&1 \
 		|| DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq $(CLUSTER_PACKAGES) \
 		|| (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq $(CLUSTER_PACKAGES))
 	tests/cluster/up.sh

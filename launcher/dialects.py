@@ -208,9 +208,12 @@ class Srun:
             args.append("--distribution=cyclic")
         return args + job.mpi_args + job.rank_command
 
-    @staticmethod
-    def variables(job):
-        return dict(job.env)
+    def variables(self, job):
+        if self.pmi != "pmix" or "PMIX_MCA_psec" in job.env or "PMIX_MCA_psec" in os.environ:
+            return dict(job.env)
+        # Slurm offers its PMIx clients "munge,native"; a PMIx built without munge (Open MPI's
+        # wheel) prints a help banner per rank for the one it lacks. Every PMIx has native.
+        return {"PMIX_MCA_psec": "native", **job.env}
 
 
 def srun_launcher(environ, mpiexec_named=None):

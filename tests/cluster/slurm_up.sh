@@ -6,7 +6,7 @@
 # the same job id after the cluster restarts). A mount namespace of its own below that holds the
 # cgroup v1 hierarchies slurmd looks for (proctrack/linuxproc, and task/affinity, which binds tasks
 # with sched_setaffinity, use none of them). The configuration lives in the cluster's state folder: commands find it through SLURM_CONF (tests/launch.py sets it).
-# Needs root and Debian's slurmctld, slurmd, slurm-client and munge. Prints "slurm up".
+# Needs root and Debian's slurmctld, slurmd, slurm-client, munge and libpmix-dev (srun --mpi=pmix loads libpmix.so). Prints "slurm up".
 set -eu
 state=${RR_CLUSTER_DIR:-/tmp/ringreduce-cluster}/slurm
 mkdir -p "$state/ctld" /run/munge /var/log/munge /var/lib/munge
@@ -90,10 +90,15 @@ NodeName=hostb NodeAddr=10.213.7.2 Sockets=2 CoresPerSocket=1 ThreadsPerCore=1 R
 PartitionName=test Nodes=hosta,hostb Default=YES MaxTime=INFINITE State=UP
 CONFIG
 printf 'CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n' > "$state/cgroup.conf"
+# srun --mpi=pmix (Open MPI's ranks under rrun --launcher srun) keeps a folder per step named after
+# the job, which the two hosts would share in the machine's /tmp: each slurmd sees its own at $state/pmix.
+printf 'PMIxCliTmpDirBase=%s\n' "$state/pmix" > "$state/mpi.conf"
+mkdir -p "$state/pmix" "$state/pmix-hosta" "$state/pmix-hostb"
 ip netns exec rr-hosta unshare --uts sh -c "hostname hosta && exec slurmctld -f $state/slurm.conf"
 for host in a b; do
     nsenter --target "$(cat "$state/../sshd_$host.pid")" --net --uts --mount \
         unshare --mount --propagation private sh -c "mount -t tmpfs none /sys/fs/cgroup &&
+        mount --bind $state/pmix-host$host $state/pmix &&
         for c in freezer cpuset memory devices cpuacct cpu pids; do
             mkdir -p /sys/fs/cgroup/\$c && mount -t cgroup -o \$c none /sys/fs/cgroup/\$c; done &&
         exec slurmd -f $state/slurm.conf"

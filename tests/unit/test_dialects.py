@@ -190,6 +190,16 @@ def test_srun_as_the_launcher_starts_the_wrapper_with_slurm_s_pmi_and_binding():
     assert started.variables == values and not [a for a in started.argv if "f00d" in a]
 
 
+def test_pmix_clients_under_srun_ask_for_the_security_every_pmix_has(monkeypatch):
+    """Slurm offers "munge,native"; Open MPI's wheel has no munge and said so on every rank."""
+    monkeypatch.delenv("PMIX_MCA_psec", raising=False)
+    assert launch(Srun("pmix"), "srun", job()).variables == {"PMIX_MCA_psec": "native"}
+    assert launch(Srun("pmix"), "srun", job(env={"PMIX_MCA_psec": "munge"})).variables == {"PMIX_MCA_psec": "munge"}
+    assert launch(Srun("pmi2"), "srun", job()).variables == {}
+    monkeypatch.setenv("PMIX_MCA_psec", "munge")
+    assert launch(Srun("pmix"), "srun", job()).variables == {}
+
+
 def test_srun_as_the_launcher_needs_an_allocation():
     with pytest.raises(LaunchError, match=r"--launcher srun runs inside a Slurm allocation"):
         srun_launcher({})

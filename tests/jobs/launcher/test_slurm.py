@@ -224,22 +224,25 @@ def test_srun_starts_the_ranks_and_init_names_a_world_mpi_does_not_see():
     assert "srun started 2 tasks in this step but MPI reports a world of 1" in wrong.stderr, wrong.stderr[-3000:]
 
 
-@pytest.mark.parametrize("scancel_args, mpi", [(["--signal=USR1", "--batch"], "mpich"), ([], "mpich"),
-                                               (["--signal=USR1", "--batch"], "openmpi")],
-                         ids=["usr1-to-the-script", "scancel", "usr1-to-the-script-openmpi"])
-def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path, scancel_args, mpi):
+@pytest.mark.parametrize("scancel_args, mpi, launch", [
+    (["--signal=USR1", "--batch"], "mpich", ""), ([], "mpich", ""),
+    (["--signal=USR1", "--batch"], "openmpi", ""), ([], "openmpi", "--launcher srun")],
+    ids=["usr1-to-the-script", "scancel", "usr1-to-the-script-openmpi", "scancel-openmpi-srun"])
+def test_a_preemption_notice_to_the_batch_script_makes_every_rank_commit_and_exit(tmp_path, scancel_args, mpi,
+                                                                                  launch):
     """A notice to the batch script, which rrun passes to every rank through the MPI's daemons; or
     scancel's SIGTERM to every process of the job at once (MPICH's daemons let the ranks finish;
-    Open MPI's end them within a second, which docs/cluster.md says); each rank's stop_requested()
-    turns true at one step."""
+    Open MPI's end them within a second, so under Open MPI srun starts the ranks: Slurm gives them
+    KillWait); each rank's stop_requested() turns true at one step."""
     checkpoints, python = tmp_path / "checkpoints", python_of(mpi)
-    result, output = batch(tmp_path, f"exec {RRUN.replace(PYTHON, python)} {python} {JOBS}/launcher/preempted.py "
-                           f"{checkpoints}", "-N", "2", "--ntasks-per-node=1", wait=False)
+    result, output = batch(tmp_path, f"exec {RRUN.replace(PYTHON, python)} {launch} {python} "
+                           f"{JOBS}/launcher/preempted.py {checkpoints}", "-N", "2", "--ntasks-per-node=1", wait=False)
     assert result.returncode == 0, result.stderr
     job = result.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
     while not (output.exists() and "training" in output.read_text()):
-        assert time.monotonic() < deadline, "the job did not start training"
+        ended = not slurm("squeue", "-h", "-j", job).stdout.strip()
+        assert time.monotonic() < deadline and not ended, output.read_text()[-3000:] if output.exists() else job
         time.sleep(0.2)
     assert slurm("scancel", *scancel_args, job).returncode == 0
     until_ended(job, seconds=60)
