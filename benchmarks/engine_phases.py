@@ -54,6 +54,10 @@ def measure(kind, size, algorithms, comm, calls, totals):
         out = np.empty_like(x)
         call, alone, mpi = (lambda: rr.allreduce(x, op=rr.Sum, name="phases"),
                             lambda: algorithms.allreduce(out, rr.Sum, x), lambda: comm.Allreduce(x, out))
+    elif kind == "broadcast":
+        out = np.empty_like(x)
+        call, alone, mpi = (lambda: rr.broadcast(x, root_rank=0, name="phases.b"),
+                            lambda: algorithms.broadcast(out, 0, x), lambda: comm.Bcast(out if comm.rank else x, 0))
     else:
         out, offsets = np.empty(x.size * comm.size, np.float32), offsets_of([x.size] * comm.size)
         call, alone, mpi = (lambda: rr.allgather(x, name="phases.g"), lambda: algorithms.allgather(out, offsets),
@@ -76,7 +80,7 @@ def main():
     algorithms = runtime.active().engine.algorithms
     comm = MPI.COMM_WORLD
     rows = [measure(kind, size, algorithms, comm, args.calls, totals)
-            for kind in ("allreduce", "allgather") for size in (SIZES if kind == "allreduce" else SIZES[:2])]
+            for kind in ("allreduce", "allgather", "broadcast") for size in (SIZES if kind == "allreduce" else SIZES[:2])]
     if rr.rank() == 0:
         print(f"where a plain call's time goes, {comm.size} ranks, rank 0, us per call ({args.calls} calls in a "
               "row)")

@@ -1,4 +1,4 @@
-"""Plain allreduces in program order: one message to each peer that carries the call's
+"""Plain collectives in program order: one message to each peer that carries the call's
 description and, when it is small, its data.
 
 Why: a tensor-parallel forward pass calls small allreduces many times per step, and waits for
@@ -9,10 +9,13 @@ rank of a correct program (as MPI requires of collectives on a communicator). Th
 the calls up without a negotiation: each rank sends every peer its call's Message (what the
 engine would compare) with its prescaled data, receives theirs, and then
 - if the messages differ, every rank has seen all of them and raises the same error;
-- if they agree and the data came along, combines the contributions in rank order, so that every
-  rank gets the same result bit for bit;
-- if they agree and the call is large, on a GPU or compressed (no data came), the caller runs it
-  through the engine as before: the exchange only checked it.
+- if they agree and the data came along, finishes the call there: an allreduce combines the
+  contributions in rank order, so that every rank gets the same result bit for bit; an allgather
+  puts each rank's rows in rank order (each rank sends its rows when they are small, and says so:
+  the ranks' first dimensions may differ, and every rank sees whether all of them came); a
+  broadcast takes the root's;
+- otherwise (a large call, on a GPU, compressed, another kind, a rank that has joined) the caller
+  runs it through the engine as before: the exchange only checked it.
 
 Each distinct call gets a plan the first time it comes: its packet in a buffer of its own, a
 buffer per peer, and MPI persistent requests that send and receive them, so that a repeated call
@@ -24,6 +27,7 @@ common across ranks: give them the async forms (or RINGREDUCE_PROGRAM_ORDER=0). 
 joined answers the plain calls of the others with the op's identity until every rank has joined.
 """
 
+import math
 import os
 import pickle
 import struct
@@ -47,8 +51,11 @@ DATA_BYTES = 64 << 10  # the most data a rank sends its peers together for one c
 _TAG = 1
 _JOINED = 1  # flags: the sender has joined and stands in with the op's identity
 _ENDED = 2  # flags: the join has ended for the sender; what it sends next is a call after the join
-# flags, length of the pickled Message, call number, seconds waited for the others in the call before
-_PREFIX = struct.Struct("<BxxxIQd")
+_DATA = 4  # flags: the sender's data follows its description
+# flags, length of the pickled Message, rows of an allgather's data, call number, seconds waited for
+# the others in the call before
+_PREFIX = struct.Struct("<BxxxIIQd")
+_CARRIED_KINDS = ("allreduce", "allgather", "broadcast")
 _ALIGN = 8
 _ROOM = 4096  # how much longer than this rank's a peer's description may be and still arrive whole
 _PLANS = 64  # distinct calls kept (a tensor-parallel step has a handful)
@@ -95,9 +102,12 @@ class PlainCalls:
         started = time.perf_counter() if recording else None
         plan = self._plan(message)
         sent_wait = self._waited
-        _PREFIX.pack_into(plan.out, 0, 0, len(plan.header), self.calls, sent_wait)
-        if plan.carries:
+        _PREFIX.pack_into(plan.out, 0, _DATA if plan.sends else 0, len(plan.header), plan.rows, self.calls, sent_wait)
+        source = array if array is not None else output  # a broadcast's root in place has only its output
+        if message.kind == "allreduce" and plan.sends:
             reduction.scale(array, message.prescale, out=plan.mine)
+        elif plan.sends:
+            np.copyto(plan.mine, source)
         MPI.Prequest.Startall(plan.requests)
         try:
             received = self._receive(message, plan)
@@ -112,15 +122,23 @@ class PlainCalls:
         self._check(message, plan.header, received, number)
         if number and not joined:
             self._record_waits(received, sent_wait)
-        if plan.carries:
-            result = self._combine(message, plan, joined, output)
-        elif message.kind == "barrier" and not joined:
-            result = None  # every rank has arrived (a joined one is the engine's to refuse)
+        if plan.carries and message.kind == "allreduce":
+            result = self._combine(message, plan, received, joined, output)
+        elif joined:
+            return False, None  # the engine stands the joined ranks in, or refuses the call
+        elif plan.carries and message.kind == "broadcast":
+            result = output
+            if not (plan.sends and array is None):  # but the root's own array, in place
+                np.copyto(result, self._data_of(message.root, plan, received))
+        elif plan.carries and message.kind == "allgather" and all(packet.flags & _DATA for packet in received):
+            result = np.concatenate([self._data_of(rank, plan, received) for rank in range(self.size)])
+        elif message.kind == "barrier":
+            result = None  # every rank has arrived
         else:
             return False, None
         self.ran += 1
-        if array is not None:
-            self.bytes += array.nbytes
+        if source is not None:
+            self.bytes += source.nbytes
         if recording:
             self.engine.timeline.phase(message.name, message.kind.upper(), started, time.perf_counter(), flush=True)
         return True, result
@@ -130,7 +148,7 @@ class PlainCalls:
         if plan is None:
             if len(self._plans) >= _PLANS:  # a program that makes ever new calls: keep what recent ones need
                 self._free_plans()
-            plan = self._plans[message] = _Plan(message, self.comm, self.peers)
+            plan = self._plans[message] = _Plan(message, self.comm, self.me, self.peers)
         return plan
 
     def _receive(self, message, plan):
@@ -243,11 +261,14 @@ class PlainCalls:
             waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
-    def _combine(self, message, plan, joined, output):
+    def _data_of(self, rank, plan, received):
+        """Rank `rank`'s data in this call (received in peer order: the ranks but this one)."""
+        return plan.mine if rank == self.me else plan.data(received[rank - (rank > self.me)])
+
+    def _combine(self, message, plan, received, joined, output):
         """The contributions combined in rank order (the same rounding on every rank), scaled;
         into `output`, or a new array. A `joined` rank adds the identity: nothing."""
-        parts = [plan.mine if rank == self.me else plan.theirs[rank] for rank in range(self.size)
-                 if rank not in joined]
+        parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
         if len(parts) == 1:
             result = plan.mine.copy() if output is None else output
             if output is not None:
@@ -270,7 +291,7 @@ class PlainCalls:
         join has ended, in a packet that comes before any later call of its own (MPI keeps a pair's
         messages in order), and answers a peer's packets only until that peer's end has come."""
         answer, end = bytearray(_PREFIX.size), bytearray(_PREFIX.size)
-        _PREFIX.pack_into(answer, 0, _JOINED, 0, 0, 0.0)
+        _PREFIX.pack_into(answer, 0, _JOINED, 0, 0, 0, 0.0)
         unheard = set(self.peers)  # peers whose end of the join has not come
         told = False
         found = []
@@ -280,7 +301,7 @@ class PlainCalls:
             if not told and join.done():
                 if not join.succeeded():
                     return True  # its error is the caller's to raise
-                _PREFIX.pack_into(end, 0, _ENDED, 0, self.calls, 0.0)
+                _PREFIX.pack_into(end, 0, _ENDED, 0, 0, self.calls, 0.0)
                 for peer in self.peers:
                     self.comm.Send(end, peer, _TAG)
                 told = True
@@ -336,6 +357,7 @@ class _Packet(typing.NamedTuple):
     peer: int
     flags: int
     length: int  # of the pickled Message
+    rows: int  # of an allgather's data
     calls: int
     waited: float
     buffer: bytearray
@@ -343,18 +365,22 @@ class _Packet(typing.NamedTuple):
 
 class _Plan:
     """What a call needs each time it comes again: its Message pickled, whether its data comes
-    along (decided from what the ranks compare, so that where they agree they decide alike), its
-    packet in a buffer of its own, a buffer per peer (with room for a longer description than this
-    rank's, which is a mismatch to report), persistent requests that send and receive them, views
-    of the data in them, and what combines the data."""
+    along (decided from what the ranks compare, so that where they agree they decide alike; an
+    allgather's rows may differ, so each rank also says whether it sent them), its packet in a
+    buffer of its own, a buffer per peer (with room for a longer description than this rank's,
+    which is a mismatch to report), persistent requests that send and receive them, views of the
+    data in them, and what combines the data."""
 
-    def __init__(self, message, comm, peers):
+    def __init__(self, message, comm, me, peers):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         data_at = _aligned(_PREFIX.size + len(self.header))
-        self.carries = (message.kind == "allreduce" and message.problem is None and message.device == "cpu"
+        self.carries = (message.kind in _CARRIED_KINDS and message.problem is None and message.device == "cpu"
                         and message.compression == "none"
                         and np.dtype(message.dtype).itemsize * message.count * max(len(peers), 1) <= DATA_BYTES)
-        nbytes = np.dtype(message.dtype).itemsize * message.count if self.carries else 0
+        self.sends = self.carries and (message.kind != "broadcast" or message.root == me)
+        self.ragged = message.kind == "allgather"  # the ranks' first dimensions may differ
+        self.rows = message.shape[0] if self.ragged and message.shape else 0
+        nbytes = np.dtype(message.dtype).itemsize * message.count if self.sends else 0
         self.out = bytearray(data_at + nbytes)
         self.out[_PREFIX.size:_PREFIX.size + len(self.header)] = self.header
         # Room for any call's packet that carries data, and a description up to _ROOM bytes longer.
@@ -362,13 +388,24 @@ class _Plan:
         self.ins = {peer: bytearray(room) for peer in peers}
         self.receives = [comm.Recv_init(self.ins[peer], peer, _TAG) for peer in peers]
         self.requests = self.receives + [comm.Send_init(self.out, peer, _TAG) for peer in peers]
+        self.dtype, self.shape = np.dtype(message.dtype) if message.dtype else None, message.shape
         self.mine = self.theirs = self.combine = None
         if self.carries:
-            def view(buffer):
-                return np.frombuffer(buffer, message.dtype, message.count, data_at).reshape(message.shape)
-            self.mine = view(self.out)
-            self.theirs = {peer: view(buffer) for peer, buffer in self.ins.items()}
-            self.combine = reduction.ufunc(message.op, message.dtype)
+            self.mine = self._view(self.out, data_at, self.shape) if self.sends else None
+            self.theirs = {peer: self._view(buffer, data_at, self.shape) for peer, buffer in self.ins.items()}
+            if message.kind == "allreduce":
+                self.combine = reduction.ufunc(message.op, message.dtype)
+
+    def data(self, packet):
+        """A peer's data, which follows its description: where this rank's would be when the two
+        are as long (the ranks' call sites may differ), with its own number of rows."""
+        if packet.length == len(self.header) and packet.rows == self.rows:
+            return self.theirs[packet.peer]
+        shape = (packet.rows, *self.shape[1:]) if self.ragged else self.shape
+        return self._view(packet.buffer, _aligned(_PREFIX.size + packet.length), shape)
+
+    def _view(self, buffer, offset, shape):
+        return np.frombuffer(buffer, self.dtype, math.prod(shape), offset).reshape(shape)
 
     def free(self):
         for request in self.requests:

@@ -15,7 +15,7 @@ def test_calls_out_of_step_are_named_with_each_ranks_call_and_where_it_was_made(
     mine = Message(name="grad.3", kind="allreduce", dtype="float32", shape=(4,), site="train.py:40")
     theirs = pickle.dumps(Message(name="loss", kind="allreduce", dtype="float32", shape=(1,), site="train.py:52"))
     buffer = bytearray(plain_calls._PREFIX.size) + theirs
-    packet = plain_calls._Packet(peer=1, flags=0, length=len(theirs), calls=7, waited=0.0, buffer=buffer)
+    packet = plain_calls._Packet(peer=1, flags=0, length=len(theirs), rows=0, calls=7, waited=0.0, buffer=buffer)
     order = object.__new__(plain_calls.PlainCalls)
     order.ranks, order.me, order.where = [0, 1], 0, ""
     with pytest.raises(MismatchError) as raised:

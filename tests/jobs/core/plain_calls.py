@@ -5,7 +5,9 @@ Usage: plain_calls.py MODE OUT
 results: plain allreduces of every dtype and op, small (in program order) and large or compressed
   (checked in program order, run by the engine), on the whole job and on a set of the first and
   last rank (of the last alone at 2 ranks), scaled, in place, of a scalar; barriers; and the async
-  form of the same call.
+  form of the same call. Small allgathers (rank r gives r rows) and broadcasts from every root, in
+  place and not, and an allgather with one rank's rows too many to carry; an allreduce made at
+  call sites of different lengths on each rank.
 join: rank r makes 2 + r steps of a small and a large plain allreduce, then joins.
 rejoin: 300 rounds of: rank r makes (round + r) % size plain allreduces, joins, and at once makes
   one more (the ranks see the join end at different moments; the call must pair with the others').
@@ -72,8 +74,28 @@ if mode == "results":
             arrays["large"] = rr.allreduce(cases.values(rank, "float32", 100_000), op=rr.Sum)
             arrays["compressed"] = rr.allreduce(cases.values(rank, "float32", 10), op=rr.Sum,
                                                 compression=rr.Compression.fp16)
-            arrays["broadcast"] = rr.broadcast(cases.values(rank, "int32", 5), root_rank=size - 1)
             report["engine-ran-in-order"] = ran_in_order() - before
+        before = ran_in_order()
+        members = process_set.ranks if process_set is not None else list(range(size))
+        arrays[f"{where}-gathered"] = rr.allgather(cases.values(rank, "int32", 3 * rank).reshape(rank, 3),
+                                                   process_set=process_set)
+        for root in members:
+            arrays[f"{where}-broadcast-{root}"] = rr.broadcast(cases.values(rank, "float64", 5), root_rank=root,
+                                                               process_set=process_set)
+            in_place = cases.values(rank, "uint8", 6).reshape(2, 3)
+            report[f"{where}-broadcast_-{root}-same-array"] = rr.broadcast_(
+                in_place, root_rank=root, process_set=process_set) is in_place
+            arrays[f"{where}-broadcast_-{root}"] = in_place
+        # A peer's data lies after its description, which here is longer or shorter than this rank's.
+        site = compile("summed = rr.allreduce(np.full(4, rank + 1.0), op=rr.Sum, process_set=process_set)",
+                       "s" * (1 + 37 * rank) + ".py", "exec")
+        exec(site)
+        arrays[f"{where}-other-sites"] = summed  # noqa: F821 (the exec's)
+        report[f"{where}-gathered-ran-in-order"] = ran_in_order() - before
+        # The last rank's rows are too many to carry: every rank sees it and the engine runs the call.
+        rows = 20_000 if rank == members[-1] else 1
+        arrays[f"{where}-gathered-large"] = rr.allgather(np.full((rows, 2), rank, np.float32), process_set=process_set)
+        report[f"{where}-gathered-large-ran-in-order"] = ran_in_order() - before
 
 elif mode == "join":
     for step in range(2 + rank):

@@ -47,12 +47,28 @@ def test_plain_calls_match_numpy_bit_for_bit_on_every_rank(size, tmp_path):
     small = sum(len(cases.BOOL_OPS if d == "bool" else cases.OPS) for d in cases.DTYPES) + 4  # + scaled, in place,
     for rank in range(size):                                                                # scalar, barrier
         assert reports[rank]["small-ran-in-order"] == small
-        assert reports[rank]["engine-ran-in-order"] == 0  # large, compressed, broadcast: the engine ran them
+        assert reports[rank]["engine-ran-in-order"] == 0  # large, compressed: the engine ran them
         np.testing.assert_array_equal(got[rank]["large"], np.sum(
             [cases.values(r, "float32", 100_000) for r in range(size)], axis=0))
         np.testing.assert_array_equal(got[rank]["compressed"], np.sum(
             [cases.values(r, "float32", 10) for r in range(size)], axis=0))
-        np.testing.assert_array_equal(got[rank]["broadcast"], cases.values(size - 1, "int32", 5))
+    for where, members in (("global", list(range(size))), ("ends", cases.ends(size))):
+        for rank in members:
+            mine, said = got[rank], reports[rank]
+            np.testing.assert_array_equal(mine[f"{where}-gathered"], np.concatenate(
+                [cases.values(r, "int32", 3 * r).reshape(r, 3) for r in members]))
+            for root in members:
+                np.testing.assert_array_equal(mine[f"{where}-broadcast-{root}"], cases.values(root, "float64", 5))
+                np.testing.assert_array_equal(mine[f"{where}-broadcast_-{root}"],
+                                              cases.values(root, "uint8", 6).reshape(2, 3))
+                assert said[f"{where}-broadcast_-{root}-same-array"] is True
+            np.testing.assert_array_equal(mine[f"{where}-other-sites"], np.full(4, sum(r + 1.0 for r in members)))
+            if where == "global":  # the whole job's set is the one counted
+                # The allgather, a broadcast and a broadcast_ from each root, the allreduce: all in the meeting.
+                assert said["global-gathered-ran-in-order"] == 2 + 2 * size, said
+                assert said["global-gathered-large-ran-in-order"] == 2 + 2 * size, said
+            np.testing.assert_array_equal(mine[f"{where}-gathered-large"], np.concatenate(
+                [np.full((20_000 if r == members[-1] else 1, 2), r, np.float32) for r in members]))
 
 
 def test_a_joined_rank_answers_plain_calls_small_and_large(tmp_path):
@@ -83,7 +99,7 @@ def test_a_rank_waiting_in_a_plain_call_is_judged_by_what_it_waits_for(tmp_path)
     _, reports, _ = run(2, "elsewhere", tmp_path, env={"RINGREDUCE_DEADLOCK_TIME": "1"}, arrays=False)
     assert reports[1]["error"].startswith("DeadlockError: deadlock: every rank has been blocked for 1 s")
     assert "rank 0 waits elsewhere" in reports[1]["error"]
-    assert "rank 1 waits in allgather 'only-on-1' (plain_calls.py:98)" in reports[1]["error"]
+    assert "rank 1 waits in allgather 'only-on-1' (plain_calls.py:120)" in reports[1]["error"]
     assert reports[0] == {"plain": [3.0, 3.0]}
     assert reports[1]["plain"] == [3.0, 3.0]
 
