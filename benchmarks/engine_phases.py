@@ -18,7 +18,7 @@ import ringreduce as rr
 from ringreduce import runtime
 from ringreduce.engine import loop, plain_calls
 from ringreduce.execution import host
-from ringreduce.machine.layout import offsets_of
+from ringreduce.machine.layout import even_counts, offsets_of
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
 PHASES = {  # phase -> (class, method) whose calls it adds up
@@ -54,6 +54,12 @@ def measure(kind, size, algorithms, comm, calls, totals):
         out = np.empty_like(x)
         call, alone, mpi = (lambda: rr.allreduce(x, op=rr.Sum, name="phases"),
                             lambda: algorithms.allreduce(out, rr.Sum, x), lambda: comm.Allreduce(x, out))
+    elif kind == "reducescatter":
+        work, out = np.empty_like(x), np.empty(x.size // comm.size, np.float32)
+        offsets = offsets_of(even_counts(x.size, comm.size))
+        call, alone, mpi = (lambda: rr.reducescatter(x, op=rr.Sum, name="phases.r"),
+                            lambda: algorithms.reducescatter(work, offsets, rr.Sum, x),
+                            lambda: comm.Reduce_scatter_block(x[:out.size * comm.size], out))
     elif kind == "broadcast":
         out = np.empty_like(x)
         call, alone, mpi = (lambda: rr.broadcast(x, root_rank=0, name="phases.b"),
@@ -79,17 +85,18 @@ def main():
         setattr(owner, name, timed(totals, phase, getattr(owner, name)))
     algorithms = runtime.active().engine.algorithms
     comm = MPI.COMM_WORLD
+    kinds = {"allreduce": SIZES, "reducescatter": SIZES[:2], "allgather": SIZES[:2], "broadcast": SIZES[:2]}
     rows = [measure(kind, size, algorithms, comm, args.calls, totals)
-            for kind in ("allreduce", "allgather", "broadcast") for size in (SIZES if kind == "allreduce" else SIZES[:2])]
+            for kind, sizes in kinds.items() for size in sizes]
     if rr.rank() == 0:
         print(f"where a plain call's time goes, {comm.size} ranks, rank 0, us per call ({args.calls} calls in a "
               "row)")
-        print(f"{'call':>16} {'whole':>7} {'meeting':>8} {'states':>7} {'cycle*':>7} {'execute':>8} "
+        print(f"{'call':>20} {'whole':>7} {'meeting':>8} {'states':>7} {'cycle*':>7} {'execute':>8} "
               f"{'outside':>8} {'family':>7} {'MPI':>6}")
         for kind, size, whole, phases, alone, mpi in rows:
             meeting, states, cycle, execution = (phases[p] * 1e6 for p in PHASES)
             outside = whole * 1e6 - meeting - cycle
-            print(f"{kind:>9} {size >> 10:>4} KiB {whole * 1e6:7.0f} {meeting:8.0f} {states:7.0f} "
+            print(f"{kind:>13} {size >> 10:>4} KiB {whole * 1e6:7.0f} {meeting:8.0f} {states:7.0f} "
                   f"{cycle - states - execution:7.0f} {execution:8.0f} {outside:8.0f} {alone * 1e6:7.0f} "
                   f"{mpi * 1e6:6.0f}")
         print("cycle*: the engine cycle's own work beyond the state exchange and the execution")

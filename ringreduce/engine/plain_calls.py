@@ -13,7 +13,8 @@ engine would compare) with its prescaled data, receives theirs, and then
   contributions in rank order, so that every rank gets the same result bit for bit; an allgather
   puts each rank's rows in rank order (each rank sends its rows when they are small, and says so:
   the ranks' first dimensions may differ, and every rank sees whether all of them came); a
-  broadcast takes the root's;
+  reducescatter combines its own rows of the contributions as the allreduce does; a broadcast
+  takes the root's;
 - otherwise (a large call, on a GPU, compressed, another kind, a rank that has joined) the caller
   runs it through the engine as before: the exchange only checked it.
 
@@ -43,6 +44,7 @@ from ringreduce.engine.loop import report_stall
 from ringreduce.engine.negotiation import Stragglers
 from ringreduce.errors import MismatchError, PeerExitedError, RankFailedError, RingReduceError, StallError, ranks_text
 from ringreduce.machine import faults
+from ringreduce.machine.layout import even_counts
 from ringreduce.machine.transport import MAX_SLEEP_SECONDS, YIELD_SECONDS, wait_until
 from ringreduce.numerics import reduction
 
@@ -55,7 +57,8 @@ _DATA = 4  # flags: the sender's data follows its description
 # flags, length of the pickled Message, rows of an allgather's data, call number, seconds waited for
 # the others in the call before
 _PREFIX = struct.Struct("<BxxxIIQd")
-_CARRIED_KINDS = ("allreduce", "allgather", "broadcast")
+_REDUCING_KINDS = ("allreduce", "reducescatter")
+_CARRIED_KINDS = (*_REDUCING_KINDS, "allgather", "broadcast")
 _ALIGN = 8
 _ROOM = 4096  # how much longer than this rank's a peer's description may be and still arrive whole
 _PLANS = 64  # distinct calls kept (a tensor-parallel step has a handful)
@@ -104,7 +107,7 @@ class PlainCalls:
         sent_wait = self._waited
         _PREFIX.pack_into(plan.out, 0, _DATA if plan.sends else 0, len(plan.header), plan.rows, self.calls, sent_wait)
         source = array if array is not None else output  # a broadcast's root in place has only its output
-        if message.kind == "allreduce" and plan.sends:
+        if message.kind in _REDUCING_KINDS and plan.sends:
             reduction.scale(array, message.prescale, out=plan.mine)
         elif plan.sends:
             np.copyto(plan.mine, source)
@@ -126,6 +129,10 @@ class PlainCalls:
             result = self._combine(message, plan, received, joined, output)
         elif joined:
             return False, None  # the engine stands the joined ranks in, or refuses the call
+        elif plan.carries and message.kind == "reducescatter":
+            rows = even_counts(message.shape[0], self.size)  # as the engine divides them
+            start = sum(rows[:self.me])
+            result = self._combine(message, plan, received, joined, None, slice(start, start + rows[self.me]))
         elif plan.carries and message.kind == "broadcast":
             result = output
             if not (plan.sends and array is None):  # but the root's own array, in place
@@ -265,14 +272,17 @@ class PlainCalls:
         """Rank `rank`'s data in this call (received in peer order: the ranks but this one)."""
         return plan.mine if rank == self.me else plan.data(received[rank - (rank > self.me)])
 
-    def _combine(self, message, plan, received, joined, output):
-        """The contributions combined in rank order (the same rounding on every rank), scaled;
-        into `output`, or a new array. A `joined` rank adds the identity: nothing."""
+    def _combine(self, message, plan, received, joined, output, rows=None):
+        """The contributions (their `rows`, or all of them) combined in rank order (the same rounding
+        on every rank), scaled; into `output`, or a new array. A `joined` rank adds the identity:
+        nothing."""
         parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
+        if rows is not None:
+            parts = [part[rows] for part in parts]
         if len(parts) == 1:
-            result = plan.mine.copy() if output is None else output
+            result = parts[0].copy() if output is None else output
             if output is not None:
-                np.copyto(output, plan.mine)
+                np.copyto(output, parts[0])
         else:
             result = plan.combine(parts[0], parts[1], out=output)
             if output is None and not isinstance(result, np.ndarray):  # 0-d arrays combine into a scalar
@@ -393,7 +403,7 @@ class _Plan:
         if self.carries:
             self.mine = self._view(self.out, data_at, self.shape) if self.sends else None
             self.theirs = {peer: self._view(buffer, data_at, self.shape) for peer, buffer in self.ins.items()}
-            if message.kind == "allreduce":
+            if message.kind in _REDUCING_KINDS:
                 self.combine = reduction.ufunc(message.op, message.dtype)
 
     def data(self, packet):

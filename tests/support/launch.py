@@ -19,6 +19,14 @@ DEFAULT_TIMEOUT = 90
 PYTHONS = {"mpich": sys.executable, "openmpi": os.environ.get("RINGREDUCE_TEST_OPENMPI_PYTHON")}
 
 
+def site_in(worker, text):
+    """'plain_calls.py:125': where in worker `worker` (its path under JOBS) `text` first appears, as
+    errors name a call site."""
+    with open(os.path.join(JOBS, worker)) as lines:
+        number = next(number for number, line in enumerate(lines, 1) if text in line)
+    return f"{os.path.basename(worker)}:{number}"
+
+
 def python_of(mpi):
     python = PYTHONS[mpi]
     if python is None:

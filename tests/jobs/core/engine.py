@@ -140,7 +140,8 @@ elif mode == "withhold":
 elif mode == "timeline":
     for step in range(3):
         rr.grouped_allreduce([np.ones(100, np.float32), np.ones(10, np.float32)], name=f"step{step}")
-        rr.broadcast(np.ones(5), root_rank=0, name=f"bcast{step}")
+        rr.synchronize(rr.broadcast_async(np.ones(5), root_rank=0, name=f"bcast{step}"))
+        rr.broadcast(np.ones(5), root_rank=0, name=f"plain-bcast{step}")  # in the meeting in program order
 
 elif mode == "timeline-then-hang":
     for step in range(3):

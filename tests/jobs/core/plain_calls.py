@@ -6,8 +6,8 @@ results: plain allreduces of every dtype and op, small (in program order) and la
   (checked in program order, run by the engine), on the whole job and on a set of the first and
   last rank (of the last alone at 2 ranks), scaled, in place, of a scalar; barriers; and the async
   form of the same call. Small allgathers (rank r gives r rows) and broadcasts from every root, in
-  place and not, and an allgather with one rank's rows too many to carry; an allreduce made at
-  call sites of different lengths on each rank.
+  place and not, small reducescatters (rows that do not divide evenly), and an allgather with one
+  rank's rows too many to carry; an allreduce made at call sites of different lengths on each rank.
 join: rank r makes 2 + r steps of a small and a large plain allreduce, then joins.
 rejoin: 300 rounds of: rank r makes (round + r) % size plain allreduces, joins, and at once makes
   one more (the ranks see the join end at different moments; the call must pair with the others').
@@ -91,6 +91,11 @@ if mode == "results":
                        "s" * (1 + 37 * rank) + ".py", "exec")
         exec(site)
         arrays[f"{where}-other-sites"] = summed  # noqa: F821 (the exec's)
+        arrays[f"scattered-{where}"] = rr.reducescatter(cases.values(rank, "int64", 14).reshape(7, 2), op=rr.Sum,
+                                                        process_set=process_set)
+        arrays[f"scattered-average-{where}"] = rr.reducescatter(
+            cases.normal(rank, "float32", 15).reshape(5, 3), op=rr.Average, prescale_factor=0.5,
+            postscale_factor=3.0, process_set=process_set)
         report[f"{where}-gathered-ran-in-order"] = ran_in_order() - before
         # The last rank's rows are too many to carry: every rank sees it and the engine runs the call.
         rows = 20_000 if rank == members[-1] else 1

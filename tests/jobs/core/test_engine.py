@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cases
-from launch import rrun_command, run_job
+from launch import rrun_command, run_job, site_in
 
 
 def reports(job, rank):
@@ -159,6 +159,7 @@ def test_timeline_has_every_phase_of_every_tensor(tmp_path):
             assert {"NEGOTIATE", "WAIT_FOR_OTHER_RANKS", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
                     "MEMCPY_OUT_FUSION_BUFFER"} <= phases[f"step{step}.{part}"]
         assert {"NEGOTIATE", "WAIT_FOR_OTHER_RANKS", "BROADCAST"} <= phases[f"bcast{step}"]
+        assert phases[f"plain-bcast{step}"] == {"BROADCAST"}
     assert any(e["name"] == "CYCLE" for e in events)
 
 
@@ -218,7 +219,8 @@ def test_poll_and_synchronize():
 def test_a_deadlock_fails_on_every_rank_within_the_grace_period_and_the_job_goes_on(np):
     job = run_job(np, "core/engine.py", "deadlock", env={"RINGREDUCE_DEADLOCK_TIME": "2"}, timeout=60)
     assert job.returncode == 0, job.stderr[-3000:]
-    waits = "; ".join(f"rank {r} waits in allreduce 'only-on-{r}' (engine.py:184)" for r in range(np))
+    site = site_in("core/engine.py", 'name=f"only-on-{rank}"')
+    waits = "; ".join(f"rank {r} waits in allreduce 'only-on-{r}' ({site})" for r in range(np))
     for rank in range(np):
         failed, after = reports(job, rank)
         assert failed["error"] == ("deadlock: every rank has been blocked for 2 s with nothing new submitted "

@@ -9,8 +9,10 @@ import re
 import numpy as np
 import pytest
 
+from ringreduce.machine.layout import even_counts
+
 import cases
-from launch import run_job
+from launch import run_job, site_in
 
 
 def run(size, mode, tmp_path, env=None, arrays=True):
@@ -63,10 +65,20 @@ def test_plain_calls_match_numpy_bit_for_bit_on_every_rank(size, tmp_path):
                                               cases.values(root, "uint8", 6).reshape(2, 3))
                 assert said[f"{where}-broadcast_-{root}-same-array"] is True
             np.testing.assert_array_equal(mine[f"{where}-other-sites"], np.full(4, sum(r + 1.0 for r in members)))
+            position, rows = members.index(rank), even_counts(7, len(members))
+            mine_rows = slice(sum(rows[:position]), sum(rows[:position + 1]))
+            np.testing.assert_array_equal(mine[f"scattered-{where}"], np.sum(
+                [cases.values(r, "int64", 14).reshape(7, 2) for r in members], axis=0)[mine_rows])
+            rows = even_counts(5, len(members))
+            mine_rows = slice(sum(rows[:position]), sum(rows[:position + 1]))
+            expected = np.add.reduce([cases.normal(r, "float32", 15).reshape(5, 3) * np.float32(0.5) for r in members])
+            np.testing.assert_allclose(mine[f"scattered-average-{where}"], expected[mine_rows] / len(members) * 3,
+                                       rtol=1e-5, atol=1e-6)
             if where == "global":  # the whole job's set is the one counted
-                # The allgather, a broadcast and a broadcast_ from each root, the allreduce: all in the meeting.
-                assert said["global-gathered-ran-in-order"] == 2 + 2 * size, said
-                assert said["global-gathered-large-ran-in-order"] == 2 + 2 * size, said
+                # The allgather, a broadcast and a broadcast_ from each root, the allreduce and the two
+                # reducescatters: all in the meeting.
+                assert said["global-gathered-ran-in-order"] == 4 + 2 * size, said
+                assert said["global-gathered-large-ran-in-order"] == 4 + 2 * size, said
             np.testing.assert_array_equal(mine[f"{where}-gathered-large"], np.concatenate(
                 [np.full((20_000 if r == members[-1] else 1, 2), r, np.float32) for r in members]))
 
@@ -99,7 +111,8 @@ def test_a_rank_waiting_in_a_plain_call_is_judged_by_what_it_waits_for(tmp_path)
     _, reports, _ = run(2, "elsewhere", tmp_path, env={"RINGREDUCE_DEADLOCK_TIME": "1"}, arrays=False)
     assert reports[1]["error"].startswith("DeadlockError: deadlock: every rank has been blocked for 1 s")
     assert "rank 0 waits elsewhere" in reports[1]["error"]
-    assert "rank 1 waits in allgather 'only-on-1' (plain_calls.py:120)" in reports[1]["error"]
+    site = site_in("core/plain_calls.py", 'name="only-on-1"')
+    assert f"rank 1 waits in allgather 'only-on-1' ({site})" in reports[1]["error"]
     assert reports[0] == {"plain": [3.0, 3.0]}
     assert reports[1]["plain"] == [3.0, 3.0]
 
