@@ -270,9 +270,13 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
         if message is not None:
             recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # allreduce's caller
             flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
-            result = domain.ordered.run(message, tensor, tensor if in_place else None)[1]
+            done, result = domain.ordered.run(message, tensor, tensor if in_place else None)
             recorder.finished(flight)
-            return result
+            if done:
+                return result
+            # Checked, but a rank has joined since this call last came: the engine runs it, no meeting again.
+            return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor,
+                                                 compression, process_set), process_set, in_order=False)
         return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression,
                                              process_set), process_set, remember=key)
     finally:

@@ -59,18 +59,23 @@ class Runtime:
         self._next_member_set_id = -1
         self.profile = _cost_profile(comm, config)
         ordered_comm = comm.Dup() if plain_calls.available(comm, config) else None
-        self.topology, self.engine, self.gpu_transport = self._start_engine(comm.Dup(), select_gpu=True)
+        self.topology, self.engine, self.gpu_transport = self._start_engine(
+            comm.Dup(), select_gpu=True, caller_comm=ordered_comm and ordered_comm.Dup())
         ranks = range(self.topology.size)
         self.domains = {0: Domain(0, ranks, self.engine, comm.Dup(), self._ordered(ordered_comm, ranks, self.engine))}
         self.failing = False
         self.world = comm  # what the job shrinks from when a rank fails (ULFM)
 
-    def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False):
+    def _start_engine(self, engine_comm, ranks=None, where="", select_gpu=False, caller_comm=None):
         """An engine on `engine_comm` (which the engine owns from now on), with the algorithms
-        chosen for its topology; `ranks` name its ranks as the user knows them."""
+        chosen for its topology, and the same again on `caller_comm` (owned too) for the calls its
+        callers run themselves; `ranks` name its ranks as the user knows them."""
         config = self.config
-        place, host_comm, cross_comm = topology.discover(engine_comm, config.simulated_hosts)
-        selector = choice.select(config, place, engine_comm, host_comm, cross_comm, self.profile)
+        place, selector, communicators = self._algorithms_on(engine_comm)
+        host_comm, caller_selector = communicators[0], None
+        if caller_comm is not None:
+            caller_selector, more = self._algorithms_on(caller_comm)[1:]
+            communicators += more
         # GPUs belong to the real machine: with simulated hosts, its ranks are more than one "host".
         machine_comm = (engine_comm.Split_type(MPI.COMM_TYPE_SHARED, key=engine_comm.rank)
                         if config.simulated_hosts else host_comm)
@@ -87,13 +92,20 @@ class Runtime:
         timeline = Timeline(config.timeline, 0) if records else NoTimeline()
 
         def release():
-            for communicator in (host_comm, cross_comm, engine_comm):
+            for communicator in communicators:
                 communicator.Free()
 
         stranded = self._tell_rrun_leaving if protocol.under_rrun() and ranks is None else None
         engine = Engine(Wire(engine_comm, config.cache_capacity), selector, config, timeline, device_family,
-                        release, stranded, ranks, where)
+                        release, stranded, ranks, where, caller_selector)
         return place, engine, transport
+
+    def _algorithms_on(self, comm):
+        """(its topology, the algorithms chosen for it built on `comm`, the communicators to free
+        after them: its host's, its hosts' leaders', and `comm`)."""
+        place, host_comm, cross_comm = topology.discover(comm, self.config.simulated_hosts)
+        selector = choice.select(self.config, place, comm, host_comm, cross_comm, self.profile)
+        return place, selector, [host_comm, cross_comm, comm]
 
     def _tell_rrun_leaving(self, why):
         """This rank is leaving while others wait for it: no failure by itself, but to blame if
@@ -171,7 +183,7 @@ class Runtime:
         peer_comm = set_comm.Dup()
         ordered_comm = set_comm.Dup() if plain_calls.available(set_comm, self.config) else None
         where = f" in process set {label or set_id}"
-        engine = self._start_engine(set_comm, ranks, where)[1]
+        engine = self._start_engine(set_comm, ranks, where, caller_comm=ordered_comm and ordered_comm.Dup())[1]
         return Domain(set_id, ranks, engine, peer_comm, self._ordered(ordered_comm, ranks, engine, where), label)
 
     @staticmethod

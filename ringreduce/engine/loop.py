@@ -32,10 +32,13 @@ IDLE_SECONDS = 0.1
 
 class Engine:
     def __init__(self, wire, algorithms, config, timeline, device_family=None, release=None, on_stranded=None,
-                 ranks=None, where=""):
+                 ranks=None, where="", caller_algorithms=None):
         """The cycles talk through `wire` and run collectives with `algorithms`; `device_family()`
-        builds the transport for CuPy arrays. After the last cycle of a shutdown the engine closes
-        both and calls `release()` (the communicators they ran on are the caller's). A rank that
+        builds the transport for CuPy arrays. `caller_algorithms`, on communicators of their own,
+        run the calls that a caller's thread runs itself once the ranks have met in program order
+        (engine/plain_calls.py), beside whatever the cycles run. After the last cycle of a
+        shutdown the engine closes them all and calls `release()` (the communicators they ran on
+        are the caller's). A rank that
         leaves while others wait for it calls `on_stranded(why)` once. `ranks` are the ranks of
         the engine's communicator as the user knows them (a process set's global ranks), and
         `where` names the set in messages."""
@@ -52,6 +55,8 @@ class Engine:
                                      config.stall_shutdown_seconds, config.deadlock_seconds, self.ranks, where)
         self.waiters = Waiters()  # the handles of this engine's requests count their blocked waits here
         self.executor = Executor(algorithms, self.rank, self.size, timeline, device_family)
+        self.caller_executor = (Executor(caller_algorithms, self.rank, self.size, timeline)
+                                if caller_algorithms is not None else None)
         self.stats = dict.fromkeys(("cycles", "cycles_with_work", "collectives", "tensors", "bytes", "announced"), 0)
         self._incoming = collections.deque()
         # Guards _incoming and _failure. The engine thread sleeps on _wakeup, a condition over the
@@ -314,6 +319,8 @@ class Engine:
 
     def _finish_shutdown(self):
         self.algorithms.close()
+        if self.caller_executor is not None:
+            self.caller_executor.algorithms.close()
         self.wire.close()
         if self._release is not None:
             self._release()

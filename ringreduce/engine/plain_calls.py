@@ -15,8 +15,12 @@ engine would compare) with its prescaled data, receives theirs, and then
   the ranks' first dimensions may differ, and every rank sees whether all of them came); a
   reducescatter combines its own rows of the contributions as the allreduce does; a broadcast
   takes the root's;
-- otherwise (a large call, on a GPU, compressed, another kind, a rank that has joined) the caller
-  runs it through the engine as before: the exchange only checked it.
+- if they agree on a larger one of these of host arrays, uncompressed, the caller's thread runs
+  it with the engine's caller algorithms, on communicators and shared memory of their own: every
+  rank is at this call, so nothing is left to negotiate, and the engine's cycles (its state
+  exchange, the hand-over to its thread and back) would only add to the algorithm's time;
+- otherwise (on a GPU, compressed, another kind, a rank that has joined) the caller runs it
+  through the engine as before: the exchange only checked it.
 
 Each distinct call gets a plan the first time it comes: its packet in a buffer of its own, a
 buffer per peer, and MPI persistent requests that send and receive them, so that a repeated call
@@ -41,7 +45,8 @@ from mpi4py import MPI
 from ringreduce import ops
 from ringreduce.engine import agreement
 from ringreduce.engine.loop import report_stall
-from ringreduce.engine.negotiation import Stragglers
+from ringreduce.engine.negotiation import Response, Stragglers
+from ringreduce.engine.requests import Request
 from ringreduce.errors import MismatchError, PeerExitedError, RankFailedError, RingReduceError, StallError, ranks_text
 from ringreduce.machine import faults
 from ringreduce.machine.layout import even_counts
@@ -95,7 +100,7 @@ class PlainCalls:
         """Meet the other ranks' call of this place in program order: `message` is this rank's
         (checked), `array` its input and `output` where an allreduce's result goes (None: a new
         array). Returns (True, result) when that ran the call, (False, None) when the engine must
-        (the ranks agree, but no data came along)."""
+        (the ranks agree, but this rank cannot finish the call itself)."""
         if self.engine.failure is not None:  # the ranks are out of step: every later call fails with it
             raise self.engine.failure
         if self._broken is not None:
@@ -141,6 +146,8 @@ class PlainCalls:
             result = np.concatenate([self._data_of(rank, plan, received) for rank in range(self.size)])
         elif message.kind == "barrier":
             result = None  # every rank has arrived
+        elif plan.direct and self.engine.caller_executor is not None:
+            result, recording = self._execute(message, plan, received, array, output), False  # its own phases
         else:
             return False, None
         self.ran += 1
@@ -268,6 +275,15 @@ class PlainCalls:
             waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
+    def _execute(self, message, plan, received, array, output):
+        """Run the call as the engine's executor would, on this thread (see the module's text)."""
+        messages = [message] * self.size
+        if plan.ragged:  # each rank's own rows
+            for packet in received:
+                messages[packet.peer] = message._replace(shape=(packet.rows, *message.shape[1:]))
+        request = Request(message, None, input=array, output=output)
+        return self.engine.caller_executor.run([Response(message.name, tuple(messages))], [request])[0]
+
     def _data_of(self, rank, plan, received):
         """Rank `rank`'s data in this call (received in peer order: the ranks but this one)."""
         return plan.mine if rank == self.me else plan.data(received[rank - (rank > self.me)])
@@ -384,14 +400,15 @@ class _Plan:
     def __init__(self, message, comm, me, peers):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         data_at = _aligned(_PREFIX.size + len(self.header))
-        self.carries = (message.kind in _CARRIED_KINDS and message.problem is None and message.device == "cpu"
-                        and message.compression == "none"
-                        and np.dtype(message.dtype).itemsize * message.count * max(len(peers), 1) <= DATA_BYTES)
+        # Host arrays, uncompressed, of the kinds the ranks can finish themselves: carried when small.
+        self.direct = (message.kind in _CARRIED_KINDS and message.problem is None and message.device == "cpu"
+                       and message.compression == "none")
+        nbytes = np.dtype(message.dtype).itemsize * message.count if self.direct else 0
+        self.carries = self.direct and nbytes * max(len(peers), 1) <= DATA_BYTES
         self.sends = self.carries and (message.kind != "broadcast" or message.root == me)
         self.ragged = message.kind == "allgather"  # the ranks' first dimensions may differ
         self.rows = message.shape[0] if self.ragged and message.shape else 0
-        nbytes = np.dtype(message.dtype).itemsize * message.count if self.sends else 0
-        self.out = bytearray(data_at + nbytes)
+        self.out = bytearray(data_at + (nbytes if self.sends else 0))
         self.out[_PREFIX.size:_PREFIX.size + len(self.header)] = self.header
         # Room for any call's packet that carries data, and a description up to _ROOM bytes longer.
         room = data_at + _ROOM + DATA_BYTES // max(len(peers), 1)

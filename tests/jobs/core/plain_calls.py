@@ -2,12 +2,13 @@
 (and OUT/rankR.npz for arrays).
 Usage: plain_calls.py MODE OUT
 
-results: plain allreduces of every dtype and op, small (in program order) and large or compressed
-  (checked in program order, run by the engine), on the whole job and on a set of the first and
-  last rank (of the last alone at 2 ranks), scaled, in place, of a scalar; barriers; and the async
-  form of the same call. Small allgathers (rank r gives r rows) and broadcasts from every root, in
-  place and not, small reducescatters (rows that do not divide evenly), and an allgather with one
-  rank's rows too many to carry; an allreduce made at call sites of different lengths on each rank.
+results: plain allreduces of every dtype and op, small (with their data in program order), large
+  (run by the caller after the meeting) or compressed (checked in program order, run by the
+  engine), on the whole job and on a set of the first and last rank (of the last alone at 2
+  ranks), scaled, in place, of a scalar; barriers; and the async form of the same call. A large
+  reducescatter and broadcast. Small allgathers (rank r gives r rows) and broadcasts from every
+  root, in place and not, small reducescatters (rows that do not divide evenly), and an allgather
+  with one rank's rows too many to carry; an allreduce made at call sites of different lengths.
 join: rank r makes 2 + r steps of a small and a large plain allreduce, then joins.
 rejoin: 300 rounds of: rank r makes (round + r) % size plain allreduces, joins, and at once makes
   one more (the ranks see the join end at different moments; the call must pair with the others').
@@ -72,9 +73,12 @@ if mode == "results":
             report["small-ran-in-order"] = ran_in_order() - before
             before = ran_in_order()
             arrays["large"] = rr.allreduce(cases.values(rank, "float32", 100_000), op=rr.Sum)
+            arrays["large-scattered"] = rr.reducescatter(cases.values(rank, "float64", 30_001).reshape(-1, 1),
+                                                         op=rr.Sum)
+            arrays["large-broadcast"] = rr.broadcast(cases.values(rank, "int16", 70_000), root_rank=size - 1)
             arrays["compressed"] = rr.allreduce(cases.values(rank, "float32", 10), op=rr.Sum,
                                                 compression=rr.Compression.fp16)
-            report["engine-ran-in-order"] = ran_in_order() - before
+            report["large-ran-in-order"] = ran_in_order() - before
         before = ran_in_order()
         members = process_set.ranks if process_set is not None else list(range(size))
         arrays[f"{where}-gathered"] = rr.allgather(cases.values(rank, "int32", 3 * rank).reshape(rank, 3),

@@ -49,9 +49,16 @@ def test_plain_calls_match_numpy_bit_for_bit_on_every_rank(size, tmp_path):
     small = sum(len(cases.BOOL_OPS if d == "bool" else cases.OPS) for d in cases.DTYPES) + 4  # + scaled, in place,
     for rank in range(size):                                                                # scalar, barrier
         assert reports[rank]["small-ran-in-order"] == small
-        assert reports[rank]["engine-ran-in-order"] == 0  # large, compressed: the engine ran them
+        # The large allreduce, reducescatter and broadcast ran after the meeting; the compressed
+        # allreduce in the engine.
+        assert reports[rank]["large-ran-in-order"] == 3
         np.testing.assert_array_equal(got[rank]["large"], np.sum(
             [cases.values(r, "float32", 100_000) for r in range(size)], axis=0))
+        rows = even_counts(30_001, size)
+        np.testing.assert_array_equal(got[rank]["large-scattered"], np.sum(
+            [cases.values(r, "float64", 30_001) for r in range(size)], axis=0)[
+                sum(rows[:rank]):sum(rows[:rank + 1])].reshape(-1, 1))
+        np.testing.assert_array_equal(got[rank]["large-broadcast"], cases.values(size - 1, "int16", 70_000))
         np.testing.assert_array_equal(got[rank]["compressed"], np.sum(
             [cases.values(r, "float32", 10) for r in range(size)], axis=0))
     for where, members in (("global", list(range(size))), ("ends", cases.ends(size))):
@@ -76,9 +83,9 @@ def test_plain_calls_match_numpy_bit_for_bit_on_every_rank(size, tmp_path):
                                        rtol=1e-5, atol=1e-6)
             if where == "global":  # the whole job's set is the one counted
                 # The allgather, a broadcast and a broadcast_ from each root, the allreduce and the two
-                # reducescatters: all in the meeting.
+                # reducescatters: all in the meeting; then the allgather too large to carry, after it.
                 assert said["global-gathered-ran-in-order"] == 4 + 2 * size, said
-                assert said["global-gathered-large-ran-in-order"] == 4 + 2 * size, said
+                assert said["global-gathered-large-ran-in-order"] == 5 + 2 * size, said
             np.testing.assert_array_equal(mine[f"{where}-gathered-large"], np.concatenate(
                 [np.full((20_000 if r == members[-1] else 1, 2), r, np.float32) for r in members]))
 
