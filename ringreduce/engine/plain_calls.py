@@ -282,7 +282,11 @@ class PlainCalls:
             for packet in received:
                 messages[packet.peer] = message._replace(shape=(packet.rows, *message.shape[1:]))
         request = Request(message, None, input=array, output=output)
-        return self.engine.caller_executor.run([Response(message.name, tuple(messages))], [request])[0]
+        try:
+            return self.engine.caller_executor.run([Response(message.name, tuple(messages))], [request])[0]
+        except BaseException as error:  # cut short, the ranks' algorithms are out of step: no later call here
+            self._broken = f"{type(error).__name__}: {error}"
+            raise
 
     def _data_of(self, rank, plan, received):
         """Rank `rank`'s data in this call (received in peer order: the ranks but this one)."""

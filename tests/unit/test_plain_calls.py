@@ -24,3 +24,29 @@ def test_calls_out_of_step_are_named_with_each_ranks_call_and_where_it_was_made(
         "plain calls are out of step: this is call 7 in program order on rank 0, allreduce 'grad.3' (train.py:40), "
         "but call 8 on rank 1, allreduce 'loss' (train.py:52)")
 
+
+
+def test_a_call_cut_short_on_the_callers_thread_fails_every_later_plain_call():
+    """A large call the caller ran after the meeting and that raised leaves the ranks' algorithms
+    out of step: later plain calls on that set fail at once, naming it, and pair with nothing."""
+    import types
+
+    import numpy as np
+
+    from ringreduce.engine import plain_calls
+    from ringreduce.engine.agreement import Message
+    from ringreduce.errors import RingReduceError
+
+    def run(responses, requests):
+        raise MemoryError("no room for the result")
+
+    order = object.__new__(plain_calls.PlainCalls)
+    order.ranks, order.me, order.size, order.where, order._broken = [0, 1], 0, 2, "", None
+    order.engine = types.SimpleNamespace(failure=None, caller_executor=types.SimpleNamespace(run=run))
+    message = Message(name="grad", kind="allreduce", dtype="float32", shape=(1 << 20,))
+    plan = types.SimpleNamespace(ragged=False)
+    with pytest.raises(MemoryError):
+        order._execute(message, plan, [], np.ones(1 << 20, np.float32), None)
+    with pytest.raises(RingReduceError, match=r"^plain calls no longer pair up in program order on rank 0: an "
+                                              r"earlier one failed here \(MemoryError: no room for the result\)"):
+        order.run(message, np.ones(1 << 20, np.float32), None)

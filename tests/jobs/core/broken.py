@@ -20,7 +20,7 @@ def injected_fault(responses, requests):
 runtime.active().engine.executor.run = injected_fault
 try:
     if sys.argv[1] == "caller":
-        rr.allreduce(np.ones(20_000), name="doomed")  # beyond program order: the caller thread runs the cycle
+        rr.grouped_allreduce([np.ones(3)], name="doomed")  # a plain call the engine runs: on the caller's thread
     else:
         handle = rr.allreduce_async(np.ones(3), name="doomed")
         while not rr.poll(handle):  # never waits in synchronize: only the engine thread runs cycles

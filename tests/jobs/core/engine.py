@@ -74,16 +74,16 @@ elif mode == "cache":
         handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
         assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
     stats = delta(before)
-    # Plain calls too large to run in program order (engine/plain_calls.py) go through the engine.
+    # Plain grouped calls go through the engine (engine/plain_calls.py runs the single ones).
     large = 20_000
     before = rr.engine_stats()
     for step in range(50):  # one cached name at a time: the steady state needs no gather
-        assert np.array_equal(rr.allreduce(np.full(large, step + rank, np.int64), op=rr.Sum, name="steady"),
-                              np.full(large, size * step + sum(range(size))))
+        (total,) = rr.grouped_allreduce([np.full(large, step + rank, np.int64)], op=rr.Sum, name="steady")
+        assert np.array_equal(total, np.full(large, size * step + sum(range(size))))
     steady = delta(before)
     before = rr.engine_stats()
     for step in range(50):  # unnamed plain calls, as in user code: they repeat their name too
-        total = rr.allreduce(np.full(large, step + rank, np.float64), op=rr.Sum)
+        (total,) = rr.grouped_allreduce([np.full(large, step + rank, np.float64)], op=rr.Sum)
         assert (total == size * step + sum(range(size))).all()
     unnamed_plain = delta(before)
     before = rr.engine_stats()
