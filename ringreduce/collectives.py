@@ -287,11 +287,11 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
 def _synchronously(start, process_set, in_order=True, remember=None):
     """Start a request (start() returns its handle) and wait for it. A single plain call first
     meets the other ranks' in program order, where its domain does so (engine/plain_calls.py), which
-    runs a small allreduce, reducescatter, allgather or broadcast, or a barrier, there and then
-    (and its Message is kept under `remember`, see _plain_allreduce); the engine gets the rest. The
-    engine thread is not woken for them: this thread runs the cycles itself while no other thread
-    runs one, which spares a small call two thread hand-offs (the engine thread's wake-up and this
-    one's)."""
+    runs a small allreduce, reducescatter, allgather or broadcast, or a barrier, there and then,
+    and a larger one of those right after on this thread (and its Message is kept under
+    `remember`, see _plain_allreduce); the engine gets the rest. The engine thread is not woken for
+    them: this thread runs the cycles itself while no other thread runs one, which spares a small
+    call two thread hand-offs (the engine thread's wake-up and this one's)."""
     domain, held = runtime.active().domain(process_set), []
     _calling.plain = (domain, held, in_order and domain.ordered is not None, remember)
     try:

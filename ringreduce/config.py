@@ -51,7 +51,7 @@ class Config:
     # Each rank keeps its last this many collectives for rrun to show when the job fails, stalls or
     # is interrupted, or on `rrun --dump` (0: none).
     flight_recorder: int = 32
-    # Plain calls on up to 8 ranks pair up in program order, small ones with their data
+    # Plain calls on up to 8 ranks pair up in program order and run there where they can
     # (engine/plain_calls.py); off: through the engine, as every other call.
     program_order: bool = True
     # Every float sum and product adds the ranks' values in rank order, element by element, whatever

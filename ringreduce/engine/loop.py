@@ -38,10 +38,9 @@ class Engine:
         run the calls that a caller's thread runs itself once the ranks have met in program order
         (engine/plain_calls.py), beside whatever the cycles run. After the last cycle of a
         shutdown the engine closes them all and calls `release()` (the communicators they ran on
-        are the caller's). A rank that
-        leaves while others wait for it calls `on_stranded(why)` once. `ranks` are the ranks of
-        the engine's communicator as the user knows them (a process set's global ranks), and
-        `where` names the set in messages."""
+        are the caller's). A rank that leaves while others wait for it calls `on_stranded(why)`
+        once. `ranks` are the ranks of the engine's communicator as the user knows them (a process
+        set's global ranks), and `where` names the set in messages."""
         self.wire = wire
         self.algorithms = algorithms
         self.rank, self.size = wire.rank, wire.size
