@@ -23,7 +23,7 @@ engine would compare) with its prescaled data, receives theirs, and then
   through the engine as before: the exchange only checked it.
 
 Each distinct call gets a plan the first time it comes: its packet in a buffer of its own, a
-buffer per peer, and MPI persistent requests that send and receive them, so that a repeated call
+buffer per peer (which all plans share), and MPI persistent requests that send and receive them, so that a repeated call
 costs one copy in, starting the requests and testing them, and the reduction.
 
 Plain calls pair with plain calls: an async allreduce of the same name on another rank does not
@@ -66,7 +66,9 @@ _REDUCING_KINDS = ("allreduce", "reducescatter")
 _CARRIED_KINDS = (*_REDUCING_KINDS, "allgather", "broadcast")
 _ALIGN = 8
 _ROOM = 4096  # how much longer than this rank's a peer's description may be and still arrive whole
-_PLANS = 64  # distinct calls kept (a tensor-parallel step has a handful)
+# Distinct calls kept: a tensor-parallel step has a handful, a loop of one plain call per
+# parameter one per tensor (161 for ResNet-50); rebuilding a plan each call doubled such a step.
+_PLANS = 512
 
 
 def available(comm, config):
@@ -90,6 +92,7 @@ class PlainCalls:
         self.bytes = 0  # of the arrays those carried
         self.waiting = None  # (name, ranks not heard from) of a call that has waited a while
         self._plans = {}  # Message -> _Plan
+        self._inbox = {}  # peer -> the buffer its packets arrive in, for every plan that fits it
         self._scratch = bytearray(_ALIGN)  # packets taken outside a plan: answered as joined, or stranded
         self._status = MPI.Status()
         self._broken = None
@@ -162,7 +165,8 @@ class PlainCalls:
         if plan is None:
             if len(self._plans) >= _PLANS:  # a program that makes ever new calls: keep what recent ones need
                 self._free_plans()
-            plan = self._plans[message] = _Plan(message, self.comm, self.me, self.peers)
+            plan = self._plans[message] = _Plan(message, self.comm, self.me, self.peers, self._inbox)
+            self._inbox = plan.ins  # a larger one, where this description needed more room
         return plan
 
     def _receive(self, message, plan):
@@ -397,11 +401,11 @@ class _Plan:
     """What a call needs each time it comes again: its Message pickled, whether its data comes
     along (decided from what the ranks compare, so that where they agree they decide alike; an
     allgather's rows may differ, so each rank also says whether it sent them), its packet in a
-    buffer of its own, a buffer per peer (with room for a longer description than this rank's,
-    which is a mismatch to report), persistent requests that send and receive them, views of the
+    buffer of its own, a buffer per peer, shared (with room for a longer description than this
+    rank's, which is a mismatch to report), persistent requests that send and receive them, views of the
     data in them, and what combines the data."""
 
-    def __init__(self, message, comm, me, peers):
+    def __init__(self, message, comm, me, peers, inbox):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         data_at = _aligned(_PREFIX.size + len(self.header))
         # Host arrays, uncompressed, of the kinds the ranks can finish themselves: carried when small.
@@ -414,9 +418,12 @@ class _Plan:
         self.rows = message.shape[0] if self.ragged and message.shape else 0
         self.out = bytearray(data_at + (nbytes if self.sends else 0))
         self.out[_PREFIX.size:_PREFIX.size + len(self.header)] = self.header
-        # Room for any call's packet that carries data, and a description up to _ROOM bytes longer.
+        # Room for any call's packet that carries data, and a description up to _ROOM bytes longer;
+        # in the buffers every plan shares (`inbox`, one per peer: one plain call is in flight at a
+        # time, and its data is used before the next), new ones only where they are too small.
         room = data_at + _ROOM + DATA_BYTES // max(len(peers), 1)
-        self.ins = {peer: bytearray(room) for peer in peers}
+        fits = inbox and all(len(buffer) >= room for buffer in inbox.values())
+        self.ins = inbox if fits else {peer: bytearray(room) for peer in peers}
         self.receives = [comm.Recv_init(self.ins[peer], peer, _TAG) for peer in peers]
         self.requests = self.receives + [comm.Send_init(self.out, peer, _TAG) for peer in peers]
         self.dtype, self.shape = np.dtype(message.dtype) if message.dtype else None, message.shape
