@@ -264,21 +264,20 @@ def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor
                                              process_set), process_set)
     number, plain_name = (None, name) if name else domain.waiting_name()
     try:
+        def start():
+            return submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression, process_set)
+
         key = (plain_name, tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor, compression,
                in_place and tensor.flags.writeable and tensor.flags.c_contiguous)
         message = domain.checked.get(key)
-        if message is not None:
-            recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # allreduce's caller
-            flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
-            done, result = domain.ordered.run(message, tensor, tensor if in_place else None)
-            recorder.finished(flight)
-            if done:
-                return result
-            # Checked, but a rank has joined since this call last came: the engine runs it, no meeting again.
-            return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor,
-                                                 compression, process_set), process_set, in_order=False)
-        return _synchronously(lambda: submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression,
-                                             process_set), process_set, remember=key)
+        if message is None:
+            return _synchronously(start, process_set, remember=key)
+        recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # allreduce's caller
+        flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
+        done, result = domain.ordered.run(message, tensor, tensor if in_place else None)
+        recorder.finished(flight)
+        # Not done: checked, but a rank has joined since this call last came; the engine runs it, no meeting again.
+        return result if done else _synchronously(start, process_set, in_order=False)
     finally:
         if number is not None:
             domain.release([number])
