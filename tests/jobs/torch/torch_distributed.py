@@ -4,6 +4,7 @@ weights and the error of a call whose shapes differ, for tests/jobs/torch/test_t
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -258,6 +259,10 @@ def main():
     torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     dist.barrier()  # no rank leaves while another still reaches rank 0's store
     dist.destroy_process_group()
+    # torch's own exit race (docs/torch_distributed.md): a gloo thread drops its last finished work,
+    # which holds backward's Python context, only after the waiter woke; if this process is
+    # finalising by then, that thread aborts it. Sleeping hands it the GIL first.
+    time.sleep(0.5)
 
 
 if __name__ == "__main__":
