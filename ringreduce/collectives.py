@@ -58,8 +58,10 @@ def _allreduce_calls(in_place: bool):
                   compression: CompressorLike = Compression.none,
                   process_set: ProcessSet = global_process_set) -> Array:
         """allreduce_async waited for: the combined array."""
-        return _plain_allreduce(allreduce_async, tensor, op, name, prescale_factor, postscale_factor, compression,
-                                process_set, in_place)
+        return _plain(lambda n: allreduce_async(tensor, op, n, prescale_factor, postscale_factor, compression,
+                                                process_set), tensor, name, process_set,
+                      ("allreduce", op, prescale_factor, postscale_factor, compression),
+                      lambda domain: (tensor, tensor if in_place else None), in_place)
 
     def grouped_allreduce(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -151,22 +153,28 @@ def grouped_reducescatter(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Avera
 
 def reducescatter(tensor: ArrayLike, op: ops.ReduceOp = Average, name: str | None = None, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> Array:
-    return _synchronously(lambda: reducescatter_async(tensor, op, name, prescale_factor, postscale_factor,
-                                                      process_set), process_set)
+    return _plain(lambda n: reducescatter_async(tensor, op, n, prescale_factor, postscale_factor, process_set),
+                  tensor, name, process_set, ("reducescatter", op, prescale_factor, postscale_factor),
+                  lambda domain: (tensor, None))
 
 
 def allgather(tensor: ArrayLike, name: str | None = None, process_set: ProcessSet = global_process_set) -> Array:
-    return _synchronously(lambda: allgather_async(tensor, name, process_set), process_set)
+    return _plain(lambda n: allgather_async(tensor, n, process_set), tensor, name, process_set, ("allgather",),
+                  lambda domain: (tensor, None))
 
 
 def broadcast(tensor: ArrayLike, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Array:
-    return _synchronously(lambda: broadcast_async(tensor, root_rank, name, process_set), process_set)
+    def arrays_of(domain):  # as _broadcast gives them to the engine: the root's values go out from its input
+        return (tensor if domain.ranks[domain.engine.rank] == root_rank else None), backends.new_like(tensor)
+    return _plain(lambda n: broadcast_async(tensor, root_rank, n, process_set), tensor, name, process_set,
+                  ("broadcast", root_rank), arrays_of)
 
 
 def broadcast_(tensor: ArrayLike, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> Array:
-    return _synchronously(lambda: broadcast_async_(tensor, root_rank, name, process_set), process_set)
+    return _plain(lambda n: broadcast_async_(tensor, root_rank, n, process_set), tensor, name, process_set,
+                  ("broadcast", root_rank), lambda domain: (None, tensor), in_place=True)
 
 
 def alltoall(tensor: ArrayLike, splits: ArrayLike | None = None, name: str | None = None,
@@ -253,31 +261,29 @@ class GroupHandle:
 _calling = threading.local()
 
 
-def _plain_allreduce(submit, tensor, op, name, prescale_factor, postscale_factor, compression, process_set,
-                     in_place):
-    """submit(...) waited for. A small allreduce of a numpy array whose arguments passed the checks
-    before in a call that ran in program order (the same dtype, shape, op, scaling, compression,
-    name, and in place a writeable contiguous array) meets the others at once, checked already."""
+def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=False):
+    """submit(name) waited for. A plain call of a numpy array whose arguments passed the checks in
+    an earlier call that ran in program order (the same kind and `arguments`, dtype, shape and
+    name, and `in_place` a writeable contiguous array) meets the others at once with that call's
+    checked Message: arrays_of(domain) gives the (input, output) the meeting runs it on, as the
+    call's checks would have made them. The first such call goes the whole way, and its Message
+    is remembered."""
     domain = runtime.active().domain(process_set)
     if domain.ordered is None or type(tensor) is not np.ndarray:
-        return _synchronously(lambda: submit(tensor, op, name, prescale_factor, postscale_factor, compression,
-                                             process_set), process_set)
+        return _synchronously(lambda: submit(name), process_set)
     number, plain_name = (None, name) if name else domain.waiting_name()
     try:
-        def start():
-            return submit(tensor, op, plain_name, prescale_factor, postscale_factor, compression, process_set)
-
-        key = (plain_name, tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor, compression,
-               in_place and tensor.flags.writeable and tensor.flags.c_contiguous)
+        writes_into = in_place and tensor.flags.writeable and tensor.flags.c_contiguous
+        key = (plain_name, tensor.dtype, tensor.shape, writes_into, *arguments)
         message = domain.checked.get(key)
         if message is None:
-            return _synchronously(start, process_set, remember=key)
-        recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # allreduce's caller
+            return _synchronously(lambda: submit(plain_name), process_set, remember=key)
+        recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # the plain call's caller
         flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
-        done, result = domain.ordered.run(message, tensor, tensor if in_place else None)
+        done, result = domain.ordered.run(message, *arrays_of(domain))
         recorder.finished(flight)
         # Not done: checked, but a rank has joined since this call last came; the engine runs it, no meeting again.
-        return result if done else _synchronously(start, process_set, in_order=False)
+        return result if done else _synchronously(lambda: submit(plain_name), process_set, in_order=False)
     finally:
         if number is not None:
             domain.release([number])
@@ -288,7 +294,7 @@ def _synchronously(start, process_set, in_order=True, remember=None):
     meets the other ranks' in program order, where its domain does so (engine/plain_calls.py), which
     runs a small allreduce, reducescatter, allgather or broadcast, or a barrier, there and then,
     and a larger one of those right after on this thread (and its Message is kept under
-    `remember`, see _plain_allreduce); the engine gets the rest. The engine thread is not woken for
+    `remember`, see _plain); the engine gets the rest. The engine thread is not woken for
     them: this thread runs the cycles itself while no other thread runs one, which spares a small
     call two thread hand-offs (the engine thread's wake-up and this one's)."""
     domain, held = runtime.active().domain(process_set), []

@@ -20,7 +20,7 @@ class Domain:
         self._names = itertools.count(1)
         self._waiting = set()  # the numbers held by unnamed plain calls in flight
         self._names_lock = threading.Lock()
-        self.checked = {}  # the Messages of plain allreduces that ran in program order, by their arguments
+        self.checked = {}  # the Messages of plain calls that ran in program order, by their arguments
 
     def remember_checked(self, key, message):
         if len(self.checked) >= 1024:  # a program that makes ever new calls: keep what recent ones need

@@ -8,7 +8,8 @@ results: plain allreduces of every dtype and op, small (with their data in progr
   ranks), scaled, in place, of a scalar; barriers; and the async form of the same call. A large
   reducescatter and broadcast. Small allgathers (rank r gives r rows) and broadcasts from every
   root, in place and not, small reducescatters (rows that do not divide evenly), and an allgather
-  with one rank's rows too many to carry; an allreduce made at call sites of different lengths.
+  with one rank's rows too many to carry; an allreduce made at call sites of different lengths;
+  repeats of an allgather, broadcast, broadcast_ and reducescatter with new data (and a new root).
 join: rank r makes 2 + r steps of a small and a large plain allreduce, then joins.
 rejoin: 300 rounds of: rank r makes (round + r) % size plain allreduces, joins, and at once makes
   one more (the ranks see the join end at different moments; the call must pair with the others').
@@ -30,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
 import ringreduce as rr  # noqa: E402
+from ringreduce import runtime  # noqa: E402
 
 import cases  # noqa: E402
 
@@ -105,6 +107,21 @@ if mode == "results":
         rows = 20_000 if rank == members[-1] else 1
         arrays[f"{where}-gathered-large"] = rr.allgather(np.full((rows, 2), rank, np.float32), process_set=process_set)
         report[f"{where}-gathered-large-ran-in-order"] = ran_in_order() - before
+        # Repeats of each kind with the same arguments and new data: from the second on, the
+        # checked Message of the first meets the others at once (its root changes on the third).
+        for repeat, root in enumerate([members[0], members[0], members[-1], members[0]]):
+            arrays[f"repeat-{where}-{repeat}-gathered"] = rr.allgather(
+                cases.values(rank, "int32", 2 * (rank + 1)).reshape(rank + 1, 2) + repeat, process_set=process_set)
+            arrays[f"repeat-{where}-{repeat}-broadcast"] = rr.broadcast(
+                cases.values(rank, "float64", 5) + repeat, root_rank=root, process_set=process_set)
+            in_place = cases.values(rank, "uint8", 6) + np.uint8(repeat)
+            rr.broadcast_(in_place, root_rank=root, process_set=process_set)
+            arrays[f"repeat-{where}-{repeat}-broadcast_"] = in_place
+            arrays[f"repeat-{where}-{repeat}-scattered"] = rr.reducescatter(
+                cases.normal(rank, "float32", 15).reshape(5, 3) + repeat, op=rr.Average, prescale_factor=0.5,
+                postscale_factor=3.0, process_set=process_set)
+        checked = runtime.active().domain(process_set).checked
+        report[f"{where}-checked-kinds"] = sorted({key[4] for key in checked})
 
 elif mode == "join":
     for step in range(2 + rank):

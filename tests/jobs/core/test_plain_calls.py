@@ -88,6 +88,22 @@ def test_plain_calls_match_numpy_bit_for_bit_on_every_rank(size, tmp_path):
                 assert said["global-gathered-large-ran-in-order"] == 5 + 2 * size, said
             np.testing.assert_array_equal(mine[f"{where}-gathered-large"], np.concatenate(
                 [np.full((20_000 if r == members[-1] else 1, 2), r, np.float32) for r in members]))
+            rows = even_counts(5, len(members))
+            mine_rows = slice(sum(rows[:position]), sum(rows[:position + 1]))
+            for repeat, root in enumerate([members[0], members[0], members[-1], members[0]]):
+                np.testing.assert_array_equal(mine[f"repeat-{where}-{repeat}-gathered"], np.concatenate(
+                    [cases.values(r, "int32", 2 * (r + 1)).reshape(r + 1, 2) + repeat for r in members]))
+                np.testing.assert_array_equal(mine[f"repeat-{where}-{repeat}-broadcast"],
+                                              cases.values(root, "float64", 5) + repeat)
+                np.testing.assert_array_equal(mine[f"repeat-{where}-{repeat}-broadcast_"],
+                                              cases.values(root, "uint8", 6) + np.uint8(repeat))
+                expected = np.add.reduce([(cases.normal(r, "float32", 15).reshape(5, 3) + repeat) * np.float32(0.5)
+                                          for r in members])
+                np.testing.assert_allclose(mine[f"repeat-{where}-{repeat}-scattered"],
+                                           expected[mine_rows] / len(members) * 3, rtol=1e-5, atol=1e-6)
+            if where == "global":  # every kind ran from its checked Message
+                kinds = {"allgather", "allreduce", "broadcast", "reducescatter"}
+                assert kinds <= set(said["global-checked-kinds"]), said
 
 
 def test_a_joined_rank_answers_plain_calls_small_and_large(tmp_path):
