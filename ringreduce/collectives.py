@@ -372,7 +372,8 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     fields = _about(array, op=op, prescale=prescale, postscale=postscale,
                     compression=compressions.check(compression))
     if fields["compression"] == "bf16" and fields["device"] == "cuda":
-        raise UnsupportedDtypeError("Compression.bf16 is for host arrays: CuPy has no bfloat16 (use fp16 on the GPU)")
+        raise UnsupportedDtypeError("Compression.bf16 is for host arrays: ringreduce's device path has no "
+                                   "bfloat16 casts (use Compression.fp16 on the GPU)")
     # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
     return fields, dict(input=array, output=array if in_place else None)
 

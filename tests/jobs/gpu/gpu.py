@@ -46,6 +46,10 @@ out["allreduce-scaled"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "f
                                               prescale_factor=0.5, postscale_factor=3.0))
 out["allreduce-fp16"] = on_gpu(rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 1001)), op=rr.Sum,
                                             compression=rr.Compression.fp16))
+try:
+    rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 10)), compression=rr.Compression.bf16)
+except rr.UnsupportedDtypeError as error:
+    out["bf16-refused"] = np.array(str(error))
 out["allreduce-bool-max"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "bool", 77)), op=rr.Max))
 lengths = (1, 1000, 33, 0, 4097)
 group = rr.grouped_allreduce([cupy.asarray(cases.values(rank, "float32", n, salt=i)) for i, n in enumerate(lengths)],
