@@ -65,7 +65,7 @@ class Device:
         _threads.device = self.id
 
     def synchronize(self):
-        for stream in list(_streams.values()):
+        for stream in _streams.copy().values():  # as check_device_pointer copies _allocations
             stream.synchronize()
 
     def __enter__(self):
@@ -197,7 +197,9 @@ def allocated(array):
 def check_device_pointer(pointer, nbytes, what):
     """Raise, as CUDA would fault, unless [pointer, pointer + nbytes) lies in live device memory;
     returns the device it is on."""
-    for address, (size, device) in list(_allocations.items()):  # another thread may free one meanwhile
+    # A copy made in one C call: a finalizer (another thread's, or the garbage collector's run by an
+    # allocation on this one, as list() of the items could be) may free an array meanwhile.
+    for address, (size, device) in _allocations.copy().items():
         if address <= pointer and pointer + nbytes <= address + size:
             return device
     raise CUDARuntimeError(f"cudaErrorIllegalAddress: {what} at {pointer:#x} ({nbytes} bytes) is not in any "
