@@ -165,10 +165,8 @@ def allgather(tensor: ArrayLike, name: str | None = None, process_set: ProcessSe
 
 def broadcast(tensor: ArrayLike, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Array:
-    def arrays_of(domain):  # as _broadcast gives them to the engine: the root's values go out from its input
-        return (tensor if domain.ranks[domain.engine.rank] == root_rank else None), backends.new_like(tensor)
     return _plain(lambda n: broadcast_async(tensor, root_rank, n, process_set), tensor, name, process_set,
-                  ("broadcast", root_rank), arrays_of)
+                  ("broadcast", root_rank), lambda domain: _broadcast_arrays(tensor, root_rank, domain))
 
 
 def broadcast_(tensor: ArrayLike, root_rank: int, name: str | None = None,
@@ -396,13 +394,19 @@ def _broadcast(tensor, root_rank, domain, in_place):
                  else f"in {domain.describe()}")
         raise ValueError(f"root_rank {root_rank!r} is not a rank {where}")
     fields = _about(array, root=domain.ranks.index(root_rank))  # the engine's own rank numbers
-    is_root = domain.ranks[domain.engine.rank] == root_rank
     if in_place:
         return fields, dict(output=array)
+    source, output = _broadcast_arrays(array, root_rank, domain)
+    return fields, dict(input=source, output=output)
+
+
+def _broadcast_arrays(array, root_rank, domain):
+    """(input, output) of an out-of-place broadcast: the root's values go out from its input, and
+    into its new array on the way (a device root's is a copy of its input, sent from there)."""
+    is_root = domain.ranks[domain.engine.rank] == root_rank
     if is_root and backends.on_device(array):
-        return fields, dict(output=backends.device_copy(array))
-    # The root's values go out from its input, and into its new array on the way.
-    return fields, dict(input=array if is_root else None, output=backends.new_like(array))
+        return None, backends.device_copy(array)
+    return (array if is_root else None), backends.new_like(array)
 
 
 def _alltoall(tensor, splits, domain, return_splits):

@@ -23,8 +23,9 @@ engine would compare) with its prescaled data, receives theirs, and then
   through the engine as before: the exchange only checked it.
 
 Each distinct call gets a plan the first time it comes: its packet in a buffer of its own, a
-buffer per peer (which all plans share), and MPI persistent requests that send and receive them, so that a repeated call
-costs one copy in, starting the requests and testing them, and the reduction.
+buffer per peer (which all plans share), and MPI persistent requests that send and receive them,
+so that a repeated call costs one copy in, starting the requests and testing them, and the
+reduction.
 
 Plain calls pair with plain calls: an async allreduce of the same name on another rank does not
 pair with a plain one. Two threads making plain allreduces on one set at once have no order in
@@ -402,8 +403,8 @@ class _Plan:
     along (decided from what the ranks compare, so that where they agree they decide alike; an
     allgather's rows may differ, so each rank also says whether it sent them), its packet in a
     buffer of its own, a buffer per peer, shared (with room for a longer description than this
-    rank's, which is a mismatch to report), persistent requests that send and receive them, views of the
-    data in them, and what combines the data."""
+    rank's, which is a mismatch to report), persistent requests that send and receive them, views
+    of the data in them, and what combines the data."""
 
     def __init__(self, message, comm, me, peers, inbox):
         self.header = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
