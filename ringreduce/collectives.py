@@ -20,7 +20,6 @@ from ringreduce import ops, runtime
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.call_sites import user_call_site
 from ringreduce.engine.requests import Handle, Request
-from ringreduce.errors import UnsupportedDtypeError
 from ringreduce.machine import backends, gpu
 from ringreduce.numerics import arrays, reduction
 from ringreduce.numerics import compression as compressions
@@ -370,15 +369,14 @@ def _reduction(tensor, op, prescale_factor, postscale_factor, compression, in_pl
     fields = _about(array, op=op, prescale=prescale, postscale=postscale,
                     compression=compressions.check(compression))
     if fields["compression"] == "bf16" and fields["device"] == "cuda":
-        raise UnsupportedDtypeError("Compression.bf16 is for host arrays: ringreduce's device path has no "
-                                   "bfloat16 casts (use Compression.fp16 on the GPU)")
+        arrays.require_device_bfloat16(array, "Compression.bf16 on a GPU array")
     # Out of place, the engine allocates the result when it runs (a fused group's results share one block).
     return fields, dict(input=array, output=array if in_place else None)
 
 
 def _about(array, **fields):
     """The Message fields that describe a call's array, which every rank's must match."""
-    return dict(dtype=arrays.DTYPE_NAMES[array.dtype], shape=array.shape, device=backends.device_of(array), **fields)
+    return dict(dtype=arrays.dtype_name(array.dtype), shape=array.shape, device=backends.device_of(array), **fields)
 
 
 def _gathered(array):

@@ -28,7 +28,8 @@ from ringreduce.process_sets import ProcessSet, global_process_set
 MAX_TAG = (1 << 20) - 1  # user tags; the channels lie above them, below every MPI's MPI_TAG_UB
 _CHANNELS = 1 << 21  # channel numbers in flight at once from one rank
 _MAX_DIMS = 8
-_CODES = {dtype: code for code, dtype in enumerate(arrays.SUPPORTED_DTYPES)}
+_DTYPES = [dtype.name for dtype in arrays.SUPPORTED_DTYPES] + [arrays.DEVICE_ONLY]
+_CODES = {name: code for code, name in enumerate(_DTYPES)}
 _ACCEPTED = 1
 _channel_numbers = itertools.count()
 _channel_lock = threading.Lock()
@@ -114,7 +115,8 @@ class _Transfer:
 
     def header(self, channel):
         shape = list(self.array.shape) + [0] * (_MAX_DIMS - self.array.ndim)
-        return np.array([_CODES[self.array.dtype], self.array.ndim, channel, *shape], dtype=np.int64)
+        code = _CODES[arrays.dtype_name(self.array.dtype)]
+        return np.array([code, self.array.ndim, channel, *shape], dtype=np.int64)
 
     def mismatch(self, sent, received, sender, receiver):
         """The same text on both ends."""
@@ -141,7 +143,7 @@ class _Send(_Transfer):
         self.comm.Recv(answer, self.peer, channel)
         if answer[0] != _ACCEPTED:
             raise self.mismatch(self.sent, answer, self.me, self.ranks[self.peer])
-        self.comm.Send(np.ascontiguousarray(backends.to_host(self.array)), self.peer, channel)
+        self.comm.Send(_bytes(np.ascontiguousarray(backends.to_host(self.array))), self.peer, channel)
 
 
 class _Recv(_Transfer):
@@ -165,13 +167,18 @@ class _Recv(_Transfer):
             raise self.mismatch(self.received, mine, self.ranks[sender], self.me)
         host = self.array if isinstance(self.array, np.ndarray) and self.array.flags.c_contiguous else \
             np.empty(self.array.shape, self.array.dtype)
-        self.comm.Recv(host, sender, channel)
+        self.comm.Recv(_bytes(host), sender, channel)
         if host is not self.array:
             self.array[...] = backends.like(host, self.array)
         return self.ranks[sender]
 
 
+def _bytes(array):
+    """A C-contiguous array's memory as bytes: MPI has no datatype for bfloat16."""
+    return array.reshape(-1).view(np.uint8)
+
+
 def _describe(header):
     code = int(header[0])
     code = code if code >= 0 else -1 - code
-    return f"{arrays.SUPPORTED_DTYPES[code].name} {tuple(int(d) for d in header[3:3 + int(header[1])])}"
+    return f"{_DTYPES[code]} {tuple(int(d) for d in header[3:3 + int(header[1])])}"

@@ -1,6 +1,8 @@
 """The collectives on torch tensors, with Horovod's signatures: each tensor reaches the core as an
 array that shares its memory (Tensor.numpy() on the CPU, DLPack to CuPy on the GPU), so nothing
-is copied on the way. bfloat16, which numpy lacks, travels as float32 and is converted back.
+is copied on the way. bfloat16 CUDA tensors travel as bfloat16 where the GPU can carry it (CuPy
+14 with ml_dtypes); on the CPU, where numpy lacks it, bfloat16 travels as float32 and is
+converted back.
 
 The plain out-of-place collectives are differentiable (autograd.py); the async and in-place
 forms are not, as in Horovod.
@@ -8,35 +10,47 @@ forms are not, as in Horovod.
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 import ringreduce as core
 import torch
 from ringreduce import ops
 from ringreduce.machine import gpu
 from ringreduce.numerics import compression as compressors
+from ringreduce.numerics import device_kernels
 from ringreduce.ops import ReduceOp
 from ringreduce.process_sets import ProcessSet, global_process_set
 
 
 def as_array(tensor):
-    """The array the core works on: shares memory with `tensor` unless it is bfloat16."""
+    """The array the core works on: shares memory with `tensor`, unless it is a bfloat16 tensor
+    on the CPU or on a GPU that cannot carry bfloat16 (a float32 copy then)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    if tensor.is_cuda:
-        # DLPack makes CuPy's current stream wait for torch's, so the core's ready event covers
-        # the work that produced the tensor.
-        return gpu.require_cupy("a CUDA tensor").from_dlpack(tensor)
-    return tensor.numpy()
+    if not tensor.is_cuda:
+        return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    # DLPack makes CuPy's current stream wait for torch's, so the core's ready event covers the
+    # work that produced the tensor.
+    cupy = gpu.require_cupy("a CUDA tensor")
+    if tensor.dtype != torch.bfloat16:
+        return cupy.from_dlpack(tensor)
+    with cupy.cuda.Device(tensor.device.index):
+        carried = device_kernels.bfloat16_unavailable(cupy) is None
+    if not carried:
+        return cupy.from_dlpack(tensor.float())
+    # The bits go through DLPack as int16: CuPy's DLPack takes bfloat16 only since cupy#9670.
+    return cupy.from_dlpack(tensor.view(torch.int16)).view(compressors.bfloat16())
 
 
 def as_tensor(array, like):
     """The core's result as a tensor of `like`'s dtype and device."""
-    if type(array).__module__.split(".")[0] == "cupy":
-        tensor = torch.from_dlpack(array)
-    else:
+    if type(array).__module__.split(".")[0] != "cupy":
         tensor = torch.from_numpy(array)
+    elif array.dtype.name == "bfloat16":
+        tensor = torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_dlpack(array)
     return tensor if tensor.dtype == like.dtype else tensor.to(like.dtype)
 
 

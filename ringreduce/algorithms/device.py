@@ -34,9 +34,12 @@ class Nccl:
         self.rank_ordered = rank_ordered
         self.stream = fallback.stream
         self._communicator = None
-        self._types = {np.dtype(name): getattr(nccl, "NCCL_" + name.upper()) for name in
-                       ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")}
-        self._types[np.dtype(np.bool_)] = nccl.NCCL_UINT8  # 0/1 bytes: Min, Max and Product agree
+        # By dtype name: ml_dtypes' bfloat16 is a dtype only once something has imported it.
+        names = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+        if hasattr(nccl, "NCCL_BFLOAT16") and nccl.get_version() >= 21000:  # NCCL 2.10 added it
+            names.append("bfloat16")
+        self._types = {name: getattr(nccl, "NCCL_" + name.upper()) for name in names}
+        self._types["bool"] = nccl.NCCL_UINT8  # 0/1 bytes: Min, Max and Product agree
         self._ops = {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.AVERAGE: nccl.NCCL_SUM, ReduceOp.MIN: nccl.NCCL_MIN,
                      ReduceOp.MAX: nccl.NCCL_MAX, ReduceOp.PRODUCT: nccl.NCCL_PROD}
 
@@ -71,7 +74,7 @@ class Nccl:
             self._communicator = None
 
     def _falls_back(self, buf, op):
-        return buf.dtype not in self._types or self.rank_ordered and reduction.order_sensitive(op, buf.dtype)
+        return buf.dtype.name not in self._types or self.rank_ordered and reduction.order_sensitive(op, buf.dtype)
 
     def allreduce(self, buf, op, source=None):
         if self._falls_back(buf, op):
@@ -79,7 +82,7 @@ class Nccl:
         if buf.size == 0:  # the same on every rank: nothing to do anywhere
             return
         send = buf if source is None else source
-        self._nccl().allReduce(send.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], self._ops[op],
+        self._nccl().allReduce(send.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype.name], self._ops[op],
                                self.stream.ptr)
 
     def reducescatter(self, buf, offsets, op, source=None):
@@ -95,7 +98,7 @@ class Nccl:
         with self.stream:
             padded = send if counts == [block] * size else _padded(self.cupy, send, offsets, block)
             received = self.cupy.empty(block, buf.dtype)
-        self._nccl().reduceScatter(padded.data.ptr, received.data.ptr, block, self._types[buf.dtype],
+        self._nccl().reduceScatter(padded.data.ptr, received.data.ptr, block, self._types[buf.dtype.name],
                                    self._ops[op], self.stream.ptr)
         with self.stream:
             mine[...] = received[:len(mine)]
@@ -103,7 +106,7 @@ class Nccl:
 
     def allgather(self, buf, offsets):
         """Every segment of `buf` from its rank; uneven segments travel padded to the largest."""
-        if buf.dtype not in self._types:
+        if buf.dtype.name not in self._types:
             return self.fallback.allgather(buf, offsets)
         rank, size = self.comm.rank, self.comm.size
         counts = np.diff(offsets).tolist()
@@ -115,18 +118,18 @@ class Nccl:
             if gathered is not buf:
                 gathered[rank * block:rank * block + counts[rank]] = buf[offsets[rank]:offsets[rank + 1]]
         self._nccl().allGather(gathered[rank * block:].data.ptr, gathered.data.ptr, block,
-                               self._types[buf.dtype], self.stream.ptr)
+                               self._types[buf.dtype.name], self.stream.ptr)
         if gathered is not buf:
             with self.stream:
                 for other in range(size):
                     buf[offsets[other]:offsets[other + 1]] = gathered[other * block:other * block + counts[other]]
 
     def broadcast(self, buf, root):
-        if buf.dtype not in self._types:
+        if buf.dtype.name not in self._types:
             return self.fallback.broadcast(buf, root)
         if buf.size == 0:
             return
-        self._nccl().broadcast(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype], root, self.stream.ptr)
+        self._nccl().broadcast(buf.data.ptr, buf.data.ptr, buf.size, self._types[buf.dtype.name], root, self.stream.ptr)
 
 
 def _padded(cupy, send, offsets, block):
@@ -140,9 +143,9 @@ def _padded(cupy, send, offsets, block):
 
 class CudaAwareMpi:
     """The MPI library's own collectives on device buffers (only where it takes them). MPI knows
-    nothing of our stream, so each call first waits for the kernels queued on it. Float sums and
-    products that must add in rank order (`rank_ordered`) go through `staged`, which shares its
-    stream."""
+    nothing of our stream, so each call first waits for the kernels queued on it. What MPI has no
+    datatype for (bfloat16), and float sums and products that must add in rank order
+    (`rank_ordered`), go through `staged`, which shares its stream."""
 
     def __init__(self, transport, staged, rank_ordered=False):
         self.stream, self.staged, self.rank_ordered = staged.stream, staged, rank_ordered
@@ -151,25 +154,24 @@ class CudaAwareMpi:
     def synchronize(self):
         self.stream.synchronize()
 
-    def allreduce(self, buf, op, source=None):
-        if self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
-            return self.staged.allreduce(buf, op, source)
+    def _family(self, buf, op=None):
+        """MPI's own collectives, waited for by the stream's kernels, or the staged family."""
+        if buf.dtype.kind == "V" or op is not None and self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
+            return self.staged
         self.stream.synchronize()
-        self.mpi.allreduce(buf, op, source)
+        return self.mpi
+
+    def allreduce(self, buf, op, source=None):
+        self._family(buf, op).allreduce(buf, op, source)
 
     def reducescatter(self, buf, offsets, op, source=None):
-        if self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
-            return self.staged.reducescatter(buf, offsets, op, source)
-        self.stream.synchronize()
-        return self.mpi.reducescatter(buf, offsets, op, source)
+        return self._family(buf, op).reducescatter(buf, offsets, op, source)
 
     def allgather(self, buf, offsets):
-        self.stream.synchronize()
-        self.mpi.allgather(buf, offsets)
+        self._family(buf).allgather(buf, offsets)
 
     def broadcast(self, buf, root):
-        self.stream.synchronize()
-        self.mpi.broadcast(buf, root)
+        self._family(buf).broadcast(buf, root)
 
 
 class Staged:

@@ -19,11 +19,8 @@ import numpy as np
 from ringreduce.execution.packing import pack
 from ringreduce.machine.layout import even_counts, offsets_of
 from ringreduce.machine.memory import Workspace
-from ringreduce.numerics import reduction
+from ringreduce.numerics import device_kernels, reduction
 from ringreduce.ops import ReduceOp
-
-# y = x * factor in y's dtype, in one pass (the cast of compression included).
-_SCALED_CAST = ("T x, float64 factor", "U y", "y = (U)((double)x * factor)", "ringreduce_scaled_cast")
 
 
 class DeviceExecutor:
@@ -50,7 +47,7 @@ class DeviceExecutor:
             with self.device:
                 self.family = self.make_family()
                 self.fusion_buffer = Workspace(lambda nbytes: self.cupy.empty(nbytes, np.uint8))
-                self._scaled_cast = self.cupy.ElementwiseKernel(*_SCALED_CAST)
+                self._scaled_cast = device_kernels.scaled_cast(self.cupy)
         with self.device:
             results = make_results()
             with self.family.stream:
@@ -142,7 +139,7 @@ class DeviceExecutor:
     def _scale_result(self, reduced, output, op, postscale):
         """output = the op's result from the reduced values: for floats the cast back, the average
         and the postscale are one kernel; integers as on the host (truncated toward zero)."""
-        if output.dtype.kind == "f":
+        if reduction.floating(output.dtype):
             self._cast(reduced, output, postscale / self.size if op == ReduceOp.AVERAGE else postscale)
         else:
             if reduced is not output:

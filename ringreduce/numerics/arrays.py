@@ -6,7 +6,8 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from ringreduce.errors import UnsupportedDtypeError
-from ringreduce.machine.backends import on_device
+from ringreduce.machine.backends import module_of, on_device
+from ringreduce.numerics import device_kernels
 
 # What the calls give back: a numpy.ndarray, or a cupy.ndarray where the input was one (CuPy is
 # not a dependency, so its type is not named here).
@@ -19,6 +20,15 @@ SUPPORTED_DTYPES = tuple(
 )
 # dtype -> name, as the messages carry it (numpy works a dtype's name out anew at every ask).
 DTYPE_NAMES = {dtype: dtype.name for dtype in SUPPORTED_DTYPES}
+# GPU arrays may also be bfloat16 (ml_dtypes' dtype, which CuPy 14 takes): they travel as
+# themselves where the GPU runs bfloat16 kernels (NCCL has the type). numpy arrays may not: the
+# host path would compute on them at a fraction of float32's speed (numerics/kernels.py).
+DEVICE_ONLY = "bfloat16"
+
+
+def dtype_name(dtype):
+    """The name a message carries for a checked array's dtype."""
+    return DTYPE_NAMES.get(dtype) or dtype.name
 
 
 def as_array(value):
@@ -27,9 +37,24 @@ def as_array(value):
 
 
 def check_dtype(array):
-    if array.dtype not in DTYPE_NAMES:
-        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+    if array.dtype in DTYPE_NAMES:
+        return
+    names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+    if array.dtype.name != DEVICE_ONLY:
         raise UnsupportedDtypeError(f"dtype {array.dtype} is not supported; use one of {names}")
+    if not on_device(array):
+        raise UnsupportedDtypeError(f"bfloat16 travels only as GPU (CuPy) arrays; on the CPU use one of {names} "
+                                    "(Compression.bf16 sends float arrays as bfloat16)")
+    require_device_bfloat16(array, "a bfloat16 GPU array")
+
+
+def require_device_bfloat16(array, what):
+    """Raise unless bfloat16 can travel on the GPU of device array `array` (asked once)."""
+    with array.device:
+        why = device_kernels.bfloat16_unavailable(module_of(array))
+    if why is not None:
+        raise UnsupportedDtypeError(f"{what} needs bfloat16 on the GPU (CuPy 14 with ml_dtypes, CUDA 12.2 or "
+                                    f"later): {why}")
 
 
 def writable_in_place(array, what):

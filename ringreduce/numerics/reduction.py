@@ -22,6 +22,11 @@ def ufunc(op, dtype=None):
     return _UFUNCS[op] if dtype is None else kernels.combiner(_UFUNCS[op], op, np.dtype(dtype))
 
 
+def floating(dtype):
+    """Is `dtype` a float: numpy's, or ml_dtypes' bfloat16 (the one "void" dtype that travels)?"""
+    return np.dtype(dtype).kind in "fV"
+
+
 def order_sensitive(op, dtype):
     """Do the result's bits depend on the order in which the ranks' values are combined? For
     float sums and products, yes (floating-point addition is not associative); integers, Min and
@@ -61,7 +66,7 @@ def scale(source, factor, out=None):
     toward zero as a C cast does. The cast to and from a compressed wire dtype happens here too."""
     target = source if out is None else out
     if factor != 1.0:
-        single = source.dtype.kind == "f" and source.dtype.itemsize <= 4
+        single = floating(source.dtype) and source.dtype.itemsize <= 4
         np.multiply(source, factor, out=target, dtype=np.float32 if single else np.float64, casting="unsafe")
     elif target is not source:
         kernels.cast_into(target, source)
@@ -88,7 +93,7 @@ def identity(op, dtype):
         return 1
     if dtype == np.bool_:
         return op == ReduceOp.MIN
-    if dtype.kind == "f":
+    if floating(dtype):
         return np.inf if op == ReduceOp.MIN else -np.inf
     info = np.iinfo(dtype)
     return info.max if op == ReduceOp.MIN else info.min

@@ -2,6 +2,7 @@
 real GPU (test_gpu.py) and on the emulated CuPy (test_gpu_emulated.py)."""
 
 import numpy as np
+from ml_dtypes import bfloat16
 
 from ringreduce.errors import ranks_text
 from ringreduce.machine.layout import even_counts, offsets_of
@@ -19,8 +20,8 @@ def check(got, rank, size):
     np.testing.assert_allclose(got["allreduce-scaled"], np.sum(exact, axis=0) * 1.5, rtol=1e-6)
     normal = np.sum([cases.normal(r, "float32", 1001) for r in range(size)], axis=0)
     np.testing.assert_allclose(got["allreduce-fp16"], normal, rtol=2e-3, atol=4e-3)
-    refused = str(got["bf16-refused"])  # the same error, naming every rank, raised on each
-    assert f"failed on {ranks_text(list(range(size)))}: Compression.bf16 is for host arrays" in refused, refused
+    np.testing.assert_allclose(got["allreduce-bf16"], normal, rtol=2e-2, atol=3e-2)
+    check_bfloat16(got, rank, size)
     bools = [cases.values(r, "bool", 77) for r in range(size)]
     np.testing.assert_array_equal(got["allreduce-bool-max"], np.any(bools, axis=0))
     for i, n in enumerate((1, 1000, 33, 0, 4097)):
@@ -48,7 +49,34 @@ def check(got, rank, size):
     if "torch-allreduce" in got:
         np.testing.assert_array_equal(got["torch-allreduce"],
                                       np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
+        np.testing.assert_array_equal(got["torch-bfloat16"],
+                                      np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
         np.testing.assert_array_equal(got["torch-broadcast"], np.zeros((3, 4), np.float32))
+
+
+def check_bfloat16(got, rank, size):
+    """bfloat16 arrays came back as bfloat16 (the job saved their bits), exact (small whole numbers;
+    the average rounded once, from float64, as the device's scaled cast does), and through NCCL as
+    ncclBfloat16 where the emulated NCCL says so."""
+    def bits(values):
+        return np.asarray(values).astype(bfloat16).view(np.uint16)
+
+    exact = [cases.values(r, "float32", 1001) for r in range(size)]
+    np.testing.assert_array_equal(got["bfloat16-sum"], bits(np.sum(exact, axis=0)))
+    average = np.sum(exact, axis=0).astype(np.float64) * (1.0 / size)
+    np.testing.assert_array_equal(got["bfloat16-average"], bits(average))
+    np.testing.assert_array_equal(got["bfloat16-allgather"],
+                                  bits(np.concatenate([cases.values(r, "float32", 6) for r in range(size)])))
+    np.testing.assert_array_equal(got["bfloat16-broadcast"], bits(cases.values(size - 1, "float32", 9)))
+    total = np.sum([cases.values(r, "float32", 15).reshape(5, 3) for r in range(size)], axis=0)
+    first = offsets_of(even_counts(5, size))
+    np.testing.assert_array_equal(got["bfloat16-reducescatter"], bits(total[first[rank]:first[rank + 1]]))
+    if rank == 1:
+        np.testing.assert_array_equal(got["bfloat16-recv"], bits(cases.values(0, "float32", 7)))
+    if "nccl-bfloat16" in got and str(got["transport"]) == "nccl":
+        assert bool(got["nccl-bfloat16"]), "bfloat16 did not reach NCCL as ncclBfloat16"
+    refused = str(got["host-bfloat16-refused"])  # the same error, naming every rank, raised on each
+    assert f"failed on {ranks_text(list(range(size)))}: bfloat16 travels only as GPU" in refused, refused
 
 
 def low_rank_matrix(rank):

@@ -152,3 +152,27 @@ def test_a_cpu_job_never_imports_cupy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_bfloat16_travels_only_where_the_gpu_runs_its_kernel():
+    """numpy bfloat16 arrays are refused (the host path's narrow-float arithmetic is slow); a
+    CuPy that cannot run the cast-and-scale kernel on bfloat16 (CuPy 13 has no such dtype) says
+    why, asked once."""
+    from ml_dtypes import bfloat16
+
+    from ringreduce.errors import UnsupportedDtypeError
+    from ringreduce.numerics import arrays, device_kernels
+
+    with pytest.raises(UnsupportedDtypeError, match="bfloat16 travels only as GPU"):
+        arrays.check_dtype(np.ones(2, bfloat16))
+
+    class OldCupy:
+        calls = 0
+
+        @classmethod
+        def full(cls, shape, value, dtype):
+            cls.calls += 1
+            raise TypeError("dtype 'bfloat16' is not supported")
+
+    assert device_kernels.bfloat16_unavailable(OldCupy) == "TypeError: dtype 'bfloat16' is not supported"
+    assert device_kernels.bfloat16_unavailable(OldCupy) is not None and OldCupy.calls == 1

@@ -6,6 +6,7 @@ import sys
 
 import cupy
 import numpy as np
+from ml_dtypes import bfloat16
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
 import gpu_cases  # noqa: E402
@@ -38,6 +39,12 @@ def on_gpu(result):
     return result.get()
 
 
+def bits(result):
+    """A bfloat16 result's bits (np.savez keeps no ml_dtypes dtype), once checked to be bfloat16."""
+    assert result.dtype == bfloat16, result.dtype
+    return on_gpu(result).view(np.uint16)
+
+
 out = {"device": np.array(cupy.cuda.Device().id), "transport": np.array(runtime.active().gpu_transport)}
 for dtype in ("float32", "float64", "int64", "int16", "uint8"):
     out[f"allreduce-{dtype}"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, dtype, 1001)), op=rr.Sum))
@@ -46,10 +53,33 @@ out["allreduce-scaled"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "f
                                               prescale_factor=0.5, postscale_factor=3.0))
 out["allreduce-fp16"] = on_gpu(rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 1001)), op=rr.Sum,
                                             compression=rr.Compression.fp16))
+out["allreduce-bf16"] = on_gpu(rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 1001)), op=rr.Sum,
+                                            compression=rr.Compression.bf16))
+# bfloat16 arrays travel as themselves (NCCL's ncclBfloat16; staged through ml_dtypes' on the host).
+nccl_datatypes = getattr(cupy.cuda.nccl, "datatypes", None)  # what the emulated NCCL was called with
+if nccl_datatypes is not None:
+    nccl_datatypes.clear()
+out["bfloat16-sum"] = bits(rr.allreduce(cupy.asarray(cases.values(rank, "float32", 1001).astype(bfloat16)),
+                                          op=rr.Sum))
+out["bfloat16-average"] = bits(rr.allreduce(cupy.asarray(cases.values(rank, "float32", 1001).astype(bfloat16))))
+out["bfloat16-allgather"] = bits(rr.allgather(cupy.asarray(cases.values(rank, "float32", 6).astype(bfloat16))))
+out["bfloat16-broadcast"] = bits(rr.broadcast(cupy.asarray(cases.values(rank, "float32", 9).astype(bfloat16)),
+                                                root_rank=size - 1))
+out["bfloat16-reducescatter"] = bits(rr.reducescatter(
+    cupy.asarray(cases.values(rank, "float32", 15).astype(bfloat16).reshape(5, 3)), op=rr.Sum))
+if size > 1:  # point to point carries bfloat16's bytes
+    if rank == 0:
+        rr.send(cupy.asarray(cases.values(0, "float32", 7).astype(bfloat16)), 1)
+    elif rank == 1:
+        received = cupy.zeros(7, bfloat16)
+        rr.recv(received, 0)
+        out["bfloat16-recv"] = bits(received)
+if nccl_datatypes is not None:
+    out["nccl-bfloat16"] = np.array(cupy.cuda.nccl.NCCL_BFLOAT16 in nccl_datatypes)
 try:
-    rr.allreduce(cupy.asarray(cases.normal(rank, "float32", 10)), compression=rr.Compression.bf16)
+    rr.allreduce(np.ones(3, bfloat16))
 except rr.UnsupportedDtypeError as error:
-    out["bf16-refused"] = np.array(str(error))
+    out["host-bfloat16-refused"] = np.array(str(error))
 out["allreduce-bool-max"] = on_gpu(rr.allreduce(cupy.asarray(cases.values(rank, "bool", 77)), op=rr.Max))
 lengths = (1, 1000, 33, 0, 4097)
 group = rr.grouped_allreduce([cupy.asarray(cases.values(rank, "float32", n, salt=i)) for i, n in enumerate(lengths)],
@@ -90,6 +120,9 @@ if torch.cuda.is_available():
     result = rrt.allreduce(tensor, op=rrt.Sum)
     assert result.is_cuda, result.device
     out["torch-allreduce"] = result.cpu().numpy()
+    brain = torch.as_tensor(cases.values(rank, "float32", 100), device="cuda").to(torch.bfloat16)
+    rrt.allreduce_(brain, op=rrt.Sum)  # in place: the result lands in the tensor, whichever way it travelled
+    out["torch-bfloat16"] = brain.float().cpu().numpy()
     model = torch.nn.Linear(4, 3).cuda()
     torch.nn.init.constant_(model.weight, float(rank))
     rrt.broadcast_parameters(model.state_dict(), root_rank=0)

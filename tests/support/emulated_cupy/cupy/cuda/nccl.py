@@ -1,6 +1,7 @@
 """cupy.cuda.nccl, emulated on host memory with MPI: the calls ringreduce makes, with NCCL's
 arguments (pointers, element counts, datatype and op codes, a stream). Every reduction gathers
-the ranks' data and combines it in rank order with numpy, so any dtype works, float16 too.
+the ranks' data and combines it in rank order with numpy, so any dtype works, float16 and
+bfloat16 (ml_dtypes') too.
 
 A peer that dies mid-collective hangs the call's stream, as a real NCCL kernel then waits
 forever: the call returns, and the stream's work is never done (no error from MPI, none from
@@ -14,16 +15,18 @@ import signal
 import tempfile
 import time
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
 from cupy import cuda
 
 (NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64, NCCL_FLOAT16, NCCL_FLOAT32,
- NCCL_FLOAT64) = range(9)
+ NCCL_FLOAT64, NCCL_BFLOAT16) = range(10)
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN = range(4)
-_DTYPES = dict(zip(range(9), ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
-                              "float64"), strict=True))
+_DTYPES = dict(zip(range(10), ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
+                               "float64", ml_dtypes.bfloat16), strict=True))
+datatypes = set()  # every datatype code a collective was called with, for the tests to read
 _UFUNCS = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum}
 
 
@@ -39,6 +42,7 @@ def _array(pointer, count, datatype):
     """The `count` elements of `datatype` at device pointer `pointer`, which must be live device
     memory of the current device (NCCL's communicator is bound to its device)."""
     dtype = np.dtype(_DTYPES[datatype])
+    datatypes.add(datatype)
     device = cuda.check_device_pointer(pointer, count * dtype.itemsize, "an NCCL buffer")
     if device != cuda.current():
         raise NcclError(f"NCCL error: invalid argument (a buffer on GPU {device}, GPU {cuda.current()} current)")
