@@ -68,7 +68,11 @@ timeout "$(limit 60)" rrun --check-build
   || { echo "no usable GPU: this check would prove nothing here"; exit 3; }
 
 echo "== GPU tests"
-timeout "$(limit 150)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/jobs/gpu/test_gpu.py tests/unit/test_gpu_logic.py
+# The dry run takes one case of each GPU job (tests/jobs/gpu/test_gpu_emulated.py runs them all there).
+SELECTED=()
+((DRY_RUN)) && SELECTED=(-k "2-auto or numpy_on_one_rank or two_ranks_on_one_gpu or test_gpu_logic")
+timeout "$(limit 150)" "$PYTHON" -m pytest -q -p no:cacheprovider -rs "${SELECTED[@]}" tests/jobs/gpu/test_gpu.py \
+  tests/unit/test_gpu_logic.py
 tests=$?
 save
 

@@ -1,6 +1,8 @@
 """What tests/jobs/gpu/gpu.py must have computed, checked against numpy: shared by the tests on a
 real GPU (test_gpu.py) and on the emulated CuPy (test_gpu_emulated.py)."""
 
+import importlib.util
+
 import numpy as np
 from ml_dtypes import bfloat16
 
@@ -8,6 +10,18 @@ from ringreduce.errors import ranks_text
 from ringreduce.machine.layout import even_counts, offsets_of
 
 import cases
+
+
+def cuda_torch():
+    """torch, where it has a GPU to test on; else None. Under the emulated CuPy torch is not even
+    imported (1.5 s a rank): the emulator's GPUs are not torch's."""
+    import cupy
+
+    if cupy.__version__ == "emulated" or importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    return torch if torch.cuda.is_available() else None
 
 
 def check(got, rank, size):

@@ -111,9 +111,8 @@ PowerSGD(matrix_approximation_rank=2, start_powerSGD_iter=0).average(gradients)
 for name, array in gradients.items():
     out[f"powersgd-{name}"] = on_gpu(array)
 
-import torch  # noqa: E402
-
-if torch.cuda.is_available():
+torch = gpu_cases.cuda_torch()
+if torch is not None:
     import ringreduce.torch as rrt
 
     tensor = torch.as_tensor(cases.values(rank, "float32", 100), device="cuda") * 1  # made on torch's stream

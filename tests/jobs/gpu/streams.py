@@ -10,12 +10,16 @@ kernels run after the call that queued them returns, can show.
 Each is checked exactly: the chains multiply by the identity (exact in float32, TF32 off).
 Usage: streams.py [SIDE]   (the blocks' side, 1024 by default; the emulated CuPy runs it small)"""
 
+import os
 import sys
 
 import cupy
 import numpy as np
 
-import ringreduce as rr
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "support"))
+import gpu_cases  # noqa: E402
+
+import ringreduce as rr  # noqa: E402
 
 rr.init()
 rank, size = rr.rank(), rr.size()
@@ -64,11 +68,8 @@ cupy.cuda.Device().synchronize()
 for step, read in readers:
     expect(f"a result read while the next collective ran (step {step})", read, total + size * step)
 
-try:
-    import torch
-except ImportError:
-    torch = None
-if torch is not None and torch.cuda.is_available():
+torch = gpu_cases.cuda_torch()
+if torch is not None:
     import ringreduce.torch as rrt
 
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,8 +1,9 @@
 """An emulated CuPy for machines without a GPU, put on a job's PYTHONPATH by the tests: its
-arrays are numpy arrays in host memory whose type lives in a module named cupy (which is how
-ringreduce tells a CuPy array), its streams queue kernels, copies and NCCL calls until something
-waits for them (cuda.Stream), its "device" copies are memmoves, its kernels are the same
-formulas run by numpy, and its NCCL is MPI.
+arrays keep their values in host memory but are not numpy arrays (numpy refuses to take one as
+its own, as with CuPy, and mpi4py reaches their memory only through __cuda_array_interface__),
+its streams queue kernels, copies and NCCL calls until something waits for them (cuda.Stream),
+its "device" copies are memmoves, its kernels are the same formulas run by numpy, and its NCCL
+is MPI.
 
 It lets the GPU path run end to end under the real rrun and MPI (device tagging, the device
 executor, the staging transport's copies and chunks); it says nothing about CUDA itself, which
@@ -11,46 +12,130 @@ tests/jobs/gpu/test_gpu.py checks on a machine with a GPU.
 
 
 import numpy as np
-from numpy import all, bool_, float16, float32, float64, int8, int16, int32, int64, uint8  # noqa: F401, A004
+from numpy import bool_, float16, float32, float64, int8, int16, int32, int64, uint8  # noqa: F401
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 __version__ = "emulated"
 
 
-class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
-    """A host array that passes for a CuPy array. What numpy does to it (operators, assignments,
-    fill, get) runs at once, after the work queued on the current stream (cuda.Stream): as a
-    kernel queued there would."""
+class ndarray(NDArrayOperatorsMixin):  # noqa: N801  (CuPy's name)
+    """A device array: a numpy array of host memory (`_memory`, a view where this is one) known as
+    device memory of its GPU (cuda.check_device_pointer). As with CuPy, numpy will not convert it
+    (np.asarray raises: use get()), host arrays do not mix with it in arithmetic (they may be
+    assigned into it), and its memory has no buffer protocol. What numpy would do to it
+    (operators, ufuncs, numpy's functions, assignments, fill, get) runs at once, after the work
+    queued on the current stream (cuda.Stream), as a kernel queued there would."""
+
+    __array_priority__ = 100
+
+    def __init__(self, memory, device, stream):
+        self._memory, self._device, self._stream = memory, device, stream
+
+    # ---- what numpy may and may not do with it ----
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a "
+                        "NumPy array explicitly.")
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         _after_current_stream()
-        plain = [value.view(np.ndarray) if isinstance(value, ndarray) else value for value in inputs]
         if out is not None:
-            kwargs["out"] = tuple(value.view(np.ndarray) if isinstance(value, ndarray) else value for value in out)
-        result = getattr(ufunc, method)(*plain, **kwargs)
+            kwargs["out"] = tuple(_memory_of(value) for value in out)
+        result = getattr(ufunc, method)(*map(_memory_of, inputs), **kwargs)
         if out is not None:
             return out[0] if len(out) == 1 else out
+        return self._result(result)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _after_current_stream()
+        return self._result(func(*_unwrapped(args), **_unwrapped(kwargs)))
+
+    def _result(self, result):
+        """A numpy result of an operation on device arrays, as CuPy gives it: a new device array."""
+        if isinstance(result, tuple):
+            return tuple(self._result(part) for part in result)
         return _on_device(result) if isinstance(result, np.ndarray) else result
 
-    def __setitem__(self, key, value):
-        _after_current_stream()
-        super().__setitem__(key, value)
+    @property
+    def __cuda_array_interface__(self):
+        memory = self._memory
+        return {"shape": memory.shape, "typestr": memory.dtype.str, "descr": memory.dtype.descr,
+                "strides": None if memory.flags.c_contiguous else memory.strides,
+                "data": (memory.ctypes.data, False), "version": 3}
 
-    def fill(self, value):
+    # ---- views: the same memory, device and stream ----
+
+    def _view(self, memory):
+        return ndarray(memory, self._device, self._stream)
+
+    def __getitem__(self, key):
+        key = _unwrapped(key)
+        part = self._memory[key]
+        if not isinstance(part, np.ndarray):  # one element: CuPy gives a 0-d array of it
+            part = self._memory[(key if isinstance(key, tuple) else (key,)) + (Ellipsis,)]
+        return self._view(part)
+
+    def __setitem__(self, key, value):  # a host value is copied in, as CuPy copies one
         _after_current_stream()
-        super().fill(value)
+        self._memory[_unwrapped(key)] = _unwrapped(value)
+
+    def reshape(self, *shape, **kwargs):
+        return self._view(self._memory.reshape(*shape, **kwargs))
+
+    def view(self, dtype):
+        return self._view(self._memory.view(dtype))
+
+    def ravel(self):
+        return self._view(self._memory.ravel()) if self._memory.flags.c_contiguous else self.copy().ravel()
+
+    def transpose(self, *axes):
+        return self._view(self._memory.transpose(*axes))
+
+    @property
+    def T(self):  # noqa: N802  (numpy's name)
+        return self._view(self._memory.T)
+
+    def __len__(self):
+        return len(self._memory)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    # ---- what it is ----
+
+    shape = property(lambda self: self._memory.shape)
+    dtype = property(lambda self: self._memory.dtype)
+    size = property(lambda self: self._memory.size)
+    ndim = property(lambda self: self._memory.ndim)
+    nbytes = property(lambda self: self._memory.nbytes)
+    itemsize = property(lambda self: self._memory.itemsize)
+    strides = property(lambda self: self._memory.strides)
+    flags = property(lambda self: self._memory.flags)
 
     @property
     def data(self):
-        return _Pointer(self.ctypes.data)
-
-    def __array_finalize__(self, obj):
-        self._device = getattr(obj, "_device", None)  # a view's, or set by _on_device
-        self._stream = getattr(obj, "_stream", None)
-        cuda.allocated(self)  # new memory where numpy made it for an operation on device arrays
+        return _Pointer(self._memory.ctypes.data)
 
     @property
     def device(self):
         return cuda.Device(self._device)
+
+    def __repr__(self):
+        return f"emulated cupy.ndarray({self._memory!r}, device={self._device})"
+
+    # ---- new arrays and host copies ----
+
+    def astype(self, dtype, copy=True):
+        _after_current_stream()
+        return _on_device(self._memory.astype(dtype))
+
+    def copy(self):
+        _after_current_stream()
+        return _on_device(self._memory.copy())
+
+    def fill(self, value):
+        _after_current_stream()
+        self._memory.fill(value)
 
     def set(self, values):
         self[...] = values
@@ -58,14 +143,61 @@ class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
     def get(self, out=None):
         _after_current_stream()
         if out is None:
-            return np.array(self, copy=True).view(np.ndarray)
-        out[...] = self
+            return self._memory.copy()
+        out[...] = self._memory
         return out
+
+    def item(self):
+        _after_current_stream()
+        return self._memory.item()
+
+    def tolist(self):
+        _after_current_stream()
+        return self._memory.tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def sum(self, *args, **kwargs):
+        return np.sum(self, *args, **kwargs)
+
+    def max(self, *args, **kwargs):
+        return np.max(self, *args, **kwargs)
+
+    def min(self, *args, **kwargs):
+        return np.min(self, *args, **kwargs)
 
 
 class _Pointer:
     def __init__(self, ptr):
         self.ptr = ptr
+
+
+def _memory_of(value):
+    """A device array's memory, for numpy to compute on; a host array is refused, as CuPy refuses
+    to mix one with its arrays."""
+    if isinstance(value, ndarray):
+        return value._memory
+    if isinstance(value, np.ndarray) and value.ndim > 0:
+        raise TypeError(f"Unsupported type {type(value)}: a host array does not mix with device arrays")
+    return value
+
+
+def _unwrapped(value):
+    """`value` with every device array in it (in lists, tuples and dicts too) replaced by its memory."""
+    if isinstance(value, ndarray):
+        return value._memory
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwrapped(part) for part in value)
+    if isinstance(value, dict):
+        return {key: _unwrapped(part) for key, part in value.items()}
+    return value
 
 
 def _after_current_stream():
@@ -80,15 +212,12 @@ def _queued(result, compute):
     return result
 
 
-def _on_device(array):
-    """A new device array, on the calling thread's current device, its memory known as device
-    memory (cuda.check_device_pointer) while it lives."""
+def _on_device(memory):
+    """A new device array of host memory `memory` (a numpy array), on the calling thread's current
+    device, its memory known as device memory (cuda.check_device_pointer) while it lives."""
     cuda.make_context()
-    cuda.allocated(array)
-    array = array.view(ndarray)
-    array._device = cuda.current()
-    array._stream = cuda.get_current_stream().ptr
-    return array
+    cuda.allocated(memory)
+    return ndarray(memory, cuda.current(), cuda.get_current_stream().ptr)
 
 
 def empty(shape, dtype=float):
@@ -100,7 +229,7 @@ def zeros(shape, dtype=float):
 
 
 def empty_like(array):
-    return _on_device(np.empty_like(array))
+    return _on_device(np.empty(array.shape, array.dtype))
 
 
 def full(shape, value, dtype=None):
@@ -112,27 +241,35 @@ def eye(n, dtype=float):
 
 
 def asnumpy(array):
-    _after_current_stream()
-    return np.array(array, copy=True).view(np.ndarray)
+    return array.get() if isinstance(array, ndarray) else np.array(array, copy=True)
 
 
 def asarray(values, dtype=None):
+    if isinstance(values, ndarray):
+        return values if dtype is None or values.dtype == dtype else values.astype(dtype)
     return _on_device(np.array(values, dtype=dtype, copy=True))
 
 
 def array(values, dtype=None, order="C", copy=True):
+    if isinstance(values, ndarray):
+        _after_current_stream()
+        values = values._memory
     return _on_device(np.array(values, dtype=dtype, order=order, copy=True))
+
+
+def all(array):  # noqa: A001  (CuPy's name)
+    return np.all(array)
 
 
 def matmul(a, b, out=None):
     out = empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
-                np.result_type(a, b)) if out is None else out
-    return _queued(out, lambda: np.matmul(a.view(np.ndarray), b.view(np.ndarray), out=out.view(np.ndarray)))
+                np.result_type(a.dtype, b.dtype)) if out is None else out
+    return _queued(out, lambda: np.matmul(a._memory, b._memory, out=out._memory))
 
 
 def subtract(a, b, out=None):
-    out = empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b)) if out is None else out
-    return _queued(out, lambda: np.subtract(a.view(np.ndarray), b.view(np.ndarray), out=out.view(np.ndarray)))
+    out = empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a.dtype, b.dtype)) if out is None else out
+    return _queued(out, lambda: np.subtract(a._memory, b._memory, out=out._memory))
 
 
 class linalg:  # noqa: N801  (CuPy's module)
@@ -142,7 +279,7 @@ class linalg:  # noqa: N801  (CuPy's module)
         q, r = empty((array.shape[0], k), array.dtype), empty((k, array.shape[1]), array.dtype)
 
         def factor():
-            q.view(np.ndarray)[...], r.view(np.ndarray)[...] = np.linalg.qr(array.view(np.ndarray))
+            q._memory[...], r._memory[...] = np.linalg.qr(array._memory)
         _queued(q, factor)
         return q, r
 
@@ -152,8 +289,7 @@ def ElementwiseKernel(inputs, outputs, body, name):  # noqa: N802  (CuPy's name)
         raise NotImplementedError(f"the emulated CuPy knows only ringreduce's scaled cast, not {body!r}")
 
     def scaled_cast(x, factor, y):
-        _queued(y, lambda: np.copyto(y.view(np.ndarray), np.asarray(x).astype(np.float64) * factor,
-                                     casting="unsafe"))
+        _queued(y, lambda: np.copyto(y._memory, x._memory.astype(np.float64) * factor, casting="unsafe"))
 
     return scaled_cast
 
