@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from ringreduce.engine import fusion
+from ringreduce.engine import fusion, gpu_turn
 from ringreduce.engine.negotiation import Negotiator
 from ringreduce.engine.requests import Waiters
 from ringreduce.engine.wire import RankState
@@ -65,6 +65,7 @@ class Engine:
         self._cycling = threading.Lock()  # held by whichever thread runs a cycle
         self._pace = True
         self._pending = {}  # name -> Request, in submission order
+        self._device_pending = 0  # how many of them are on the GPU
         self._names_in_flight = set()  # of requests submitted and not finished (added under _queue_lock)
         self._join_handle = None
         self._shutdown_handle = None
@@ -198,8 +199,20 @@ class Engine:
         started = time.perf_counter()
         for item in arrived:
             self._accept(item)
+        # A set's device collectives run only in a cycle where each member holds its GPU's turn.
+        needs_gpu = gpu_turn.used and (self._device_pending > 0 or self._join_handle is not None)
+        holds_gpu = needs_gpu and gpu_turn.take()
+        try:
+            return self._cycle_with(started, gpu_taken=needs_gpu and not holds_gpu)
+        finally:
+            if holds_gpu:
+                gpu_turn.give_back()
+
+    def _cycle_with(self, started, gpu_taken):
+        """The cycle's exchange, negotiation and execution; `gpu_taken`: this rank needs its GPU's
+        turn, and another set's cycle holds it (engine/gpu_turn.py)."""
         announce, slots = self.negotiator.cache.outgoing(self._pending.values(), self.rank)
-        states = self._exchange_states(announce, slots)
+        states = self._exchange_states(announce, slots, gpu_taken)
         negotiated = time.perf_counter()
         for request in self._pending.values():
             if request.negotiated is None:
@@ -230,8 +243,7 @@ class Engine:
             else:
                 self._shutdown_handle = handle
                 for name in list(self._pending):
-                    request = self._pending.pop(name)
-                    self._names_in_flight.discard(name)
+                    request = self._drop(name)
                     request.handle.finish(error=RingReduceError(
                         f"shutdown() was called on rank {self.global_rank} while {request.message.kind} "
                         f"{name!r} was still pending"))
@@ -242,13 +254,24 @@ class Engine:
             request.handle.finish(error=RingReduceError(f"ringreduce is shutting down on rank {self.global_rank}"))
         else:
             self._pending[request.name] = request
+            if request.message.device == "cuda":
+                self._device_pending += 1
+                gpu_turn.used = True
 
-    def _exchange_states(self, announce, slots):
+    def _drop(self, name):
+        """A pending request that is finished here, out of the engine's books."""
+        request = self._pending.pop(name)
+        self._names_in_flight.discard(name)
+        if request.message.device == "cuda":
+            self._device_pending -= 1
+        return request
+
+    def _exchange_states(self, announce, slots, gpu_taken):
         waiting = bool(self._pending or self._join_handle or self._shutdown_handle)
         now = time.perf_counter()
         mine = RankState.of(slots, self._waited, announces=bool(announce), joined=self._join_handle is not None,
                             shutting_down=self._shutdown_handle is not None, stalled=self.negotiator.stall_due(now),
-                            waiting=waiting,
+                            waiting=waiting, gpu_taken=gpu_taken,
                             deadlocked=self.waiters.any and self.negotiator.deadlock_suspected(now))
         started = time.perf_counter()
         states = self.wire.states(mine)
@@ -273,8 +296,7 @@ class Engine:
                 self.stats["bytes"] += sum(fusion.wire_bytes(r.message) for r in group)
             for index, request in enumerate(requests):
                 if request is not None:
-                    del self._pending[request.name]
-                    self._names_in_flight.discard(request.name)
+                    self._drop(request.name)
                     request.handle.finish(None if error else results[index], error)
         self.stats["tensors"] += len(responses)
         self.stats["cycles_with_work"] += 1
@@ -305,6 +327,7 @@ class Engine:
             waiting = list(self._pending.values()) + [r for r in self._incoming if not isinstance(r, tuple)]
             handles = [r.handle for r in waiting] + [h for h in (self._join_handle, self._shutdown_handle) if h]
             self._pending.clear()
+            self._device_pending = 0
             self._incoming.clear()
             self._names_in_flight.clear()
         for handle in handles:

@@ -181,10 +181,11 @@ class Negotiator:
         leaving = sorted(rank for rank, state in enumerate(states) if state.shutting_down)
         for rank in joined:
             self._joined_at.setdefault(rank, self.cycles)
+        gpu_taken = any(state.gpu_taken for state in states)
 
         responses = []
         for name, entry in list(self.table.items()):
-            response = self._decide(name, entry, joined, leaving)
+            response = self._decide(name, entry, joined, leaving, gpu_taken)
             if response is None:
                 continue
             del self.table[name]
@@ -239,7 +240,9 @@ class Negotiator:
         entry.arrival.setdefault(rank, now)
         return new
 
-    def _decide(self, name, entry, joined, leaving):
+    def _decide(self, name, entry, joined, leaving, gpu_taken=False):
+        """The Response for `name` this cycle, or None while it waits: for a rank (or for a turn on a
+        rank's GPU, `gpu_taken`, where it would run on the GPU)."""
         missing = [r for r in range(self.size) if r not in entry.messages]
         title = f"{entry.kind} {name!r}{self.where}"
         if leaving:
@@ -257,9 +260,11 @@ class Negotiator:
         messages = tuple(entry.messages.get(r) for r in range(self.size))
         cached = None if missing else self.cache.cached(name, messages)
         if cached is not None:
-            return self._cache_hit(cached)
+            return None if gpu_taken and _on_gpu(messages) else self._cache_hit(cached)
         error = agreement.disagreement([m for m in messages if m is not None],
                                        [self.ranks[r] for r in range(self.size) if messages[r] is not None], self.where)
+        if error is None and gpu_taken and _on_gpu(messages):
+            return None
         response = Response(name, messages, error)
         if error is None and not missing:
             self.cache.remember(response)
@@ -322,3 +327,8 @@ def _all_alike_and_cached(states, announcements):
     """Nothing but the same cache bits on every rank: no announcement, join, shutdown or stall."""
     first = states[0].slots
     return not any(announcements) and all(state.only_slots and state.slots == first for state in states)
+
+
+def _on_gpu(messages):
+    """Would this collective run on the GPU (on any rank: every rank's agree once checked)?"""
+    return any(message is not None and message.device == "cuda" for message in messages)

@@ -22,8 +22,8 @@ from mpi4py import MPI
 from ringreduce.machine.layout import offsets_of
 from ringreduce.machine.transport import PersistentAllreduce, wait_all
 
-ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING, DEADLOCKED = 1, 2, 4, 8, 16, 32
-FLAG_BITS = DEADLOCKED.bit_length()
+ANNOUNCES, JOINED, SHUTTING_DOWN, STALLED, WAITING, DEADLOCKED, GPU_TAKEN = 1, 2, 4, 8, 16, 32, 64
+FLAG_BITS = GPU_TAKEN.bit_length()
 
 
 def _flag(bit, doc):
@@ -39,10 +39,11 @@ class RankState(typing.NamedTuple):
     waited: float = 0.0  # seconds it waited for the others in the previous cycle's negotiation
 
     @classmethod
-    def of(cls, slots, waited, *, announces, joined, shutting_down, stalled, waiting, deadlocked=False):
+    def of(cls, slots, waited, *, announces, joined, shutting_down, stalled, waiting, deadlocked=False,
+           gpu_taken=False):
         flags = ((ANNOUNCES if announces else 0) | (JOINED if joined else 0)
                  | (SHUTTING_DOWN if shutting_down else 0) | (STALLED if stalled else 0)
-                 | (WAITING if waiting else 0) | (DEADLOCKED if deadlocked else 0))
+                 | (WAITING if waiting else 0) | (DEADLOCKED if deadlocked else 0) | (GPU_TAKEN if gpu_taken else 0))
         return cls(flags, tuple(slots), waited)
 
     announces = _flag(ANNOUNCES, "It announces new messages this cycle.")
@@ -52,10 +53,11 @@ class RankState(typing.NamedTuple):
     waiting = _flag(WAITING, "It has requests (or a join or shutdown) in flight.")
     deadlocked = _flag(DEADLOCKED, "Its caller is blocked in a wait, and by its clock nothing new has been "
                                    "submitted anywhere for the deadlock time.")
+    gpu_taken = _flag(GPU_TAKEN, "It has device work, and another process set's cycle holds its GPU (gpu_turn.py).")
 
     @property
     def only_slots(self):
-        """Nothing to say but its cache bits: no announcement, join, shutdown or stall."""
+        """Nothing to say but its cache bits: no announcement, join, shutdown, stall or taken GPU."""
         return self.flags & ~WAITING == 0
 
 

@@ -5,7 +5,7 @@ import pytest
 from ringreduce.engine import fusion
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.negotiation import Negotiator
-from ringreduce.engine.wire import DEADLOCKED, JOINED, SHUTTING_DOWN, STALLED, RankState
+from ringreduce.engine.wire import DEADLOCKED, GPU_TAKEN, JOINED, SHUTTING_DOWN, STALLED, RankState
 from ringreduce.errors import DeadlockError, MismatchError, PeerExitedError, RingReduceError, StallError
 
 
@@ -51,6 +51,22 @@ def test_repeats_need_only_cache_bits():
     assert half.responses == []
     done = n.negotiate([RankState(0, (slot,)), RankState(0, (slot,))], [[], []], now=2.0)
     assert names(done) == ["g"] and n.cache_hits == 1
+
+
+def test_a_gpu_collective_waits_for_a_cycle_in_which_no_rank_s_gpu_is_taken():
+    """Where another process set's cycle holds a rank's GPU, that cycle agrees no collective on the
+    GPU (host ones go on), announced or cached; the next cycle without a taken GPU agrees them."""
+    n = Negotiator(2, cache_capacity=8)
+    taken = [RankState(0, ()), RankState(GPU_TAKEN, ())]
+    gpu, host = msg("gpu", device="cuda"), msg("host")
+    assert names(n.negotiate(taken, [[gpu, host], [gpu, host]], now=0.0)) == ["host"]
+    assert names(n.negotiate(idle(2), [[], []], now=1.0)) == ["gpu"]
+    slot = n.cache.slot_for(gpu, 0)
+    assert names(n.negotiate([RankState(GPU_TAKEN, (slot,)), RankState(0, (slot,))], [[], []], now=2.0)) == []
+    assert names(n.negotiate([RankState(0, (slot,)), RankState(0, (slot,))], [[], []], now=3.0)) == ["gpu"]
+    mismatched = [msg("mixed", device="cuda"), msg("mixed")]  # an error is agreed whoever holds a GPU
+    outcome = n.negotiate(taken, [[mismatched[0]], [mismatched[1]]], now=4.0)
+    assert names(outcome) == ["mixed"] and isinstance(outcome.responses[0].error, MismatchError)
 
 
 def test_changed_arguments_leave_the_cache_and_are_compared_again():

@@ -107,6 +107,23 @@ def test_the_gpu_check_walks_every_step_with_the_emulated_cupy(tmp_path):
     assert tests and "failed" not in done.stdout.split("== GPU tests")[1].split("==")[0], done.stdout[-3000:]
 
 
+def test_process_sets_take_the_gpu_in_turn(tmp_path):
+    """Every process set of 3 ranks (the global one and each pair) allreduces on the GPU through
+    NCCL at once, even ranks starting their sets first to last and odd ranks last to first; the
+    emulated NCCL runs one kernel at a time on a GPU, NCCL's worst case. Each set's engine used to
+    start its collective as soon as its ranks agreed, in no order the ranks shared, and two ranks'
+    kernels waited for each other (a hang by the third step). Now a set's device collectives run
+    only in a cycle where every member holds its GPU's turn: all 40 steps end, each sum exact."""
+    steps = 40
+    job = run_job(3, "gpu/sets_on_one_gpu.py", tmp_path, steps, env=emulated(EMULATED_CUPY_DEVICES="3"), timeout=60)
+    assert job.returncode == 0, job.stderr[-3000:]
+    members = [[0, 1, 2], [0, 1], [1, 2], [0, 2]]
+    for rank in range(3):
+        expected = np.array([[sum(r + 1 + step + 10 * index for r in ranks) if rank in ranks else 0
+                              for index, ranks in enumerate(members)] for step in range(steps)], np.float32)
+        np.testing.assert_array_equal(np.load(tmp_path / f"rank{rank}.npy"), expected)
+
+
 def test_a_peer_that_dies_inside_nccl_is_aborted_and_the_survivors_go_on_in_place(tmp_path):
     """Open MPI with ULFM, an elastic job: world rank 2 of 3 dies inside its NCCL allreduce of
     step 5, and NCCL's kernels on the survivors wait for it for ever (the emulated NCCL's too).

@@ -3,16 +3,23 @@ arguments (pointers, element counts, datatype and op codes, a stream). Every red
 the ranks' data and combines it in rank order with numpy, so any dtype works, float16 and
 bfloat16 (ml_dtypes') too.
 
+A GPU runs one NCCL kernel at a time here: a kernel waits for its peers' while it holds the GPU,
+and another communicator's kernel waits for it to end. That is the worst case NCCL allows (two
+communicators' kernels need not both fit on a GPU), so collectives of two communicators started
+in different orders on two ranks deadlock here, as NCCL warns they may.
+
 A peer that dies mid-collective hangs the call's stream, as a real NCCL kernel then waits
 forever: the call returns, and the stream's work is never done (no error from MPI, none from
 check_async_error) until the communicator is aborted. The peers are watched by their pids, so
 this works on one host. EMULATED_NCCL_DIE=R:N kills world rank R inside its Nth collective."""
 
+import collections
 import ctypes
 import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 
 import ml_dtypes
@@ -79,13 +86,16 @@ class NcclCommunicator:
             _calls.append(len(_calls))
             if os.environ.get("EMULATED_NCCL_DIE") == f"{MPI.COMM_WORLD.rank}:{len(_calls)}":
                 os.kill(os.getpid(), signal.SIGKILL)
+            gpu = _kernels[self._device]
+            gpu.acquire()  # the GPU runs one NCCL kernel at a time: this one waits for the last to end
             everyone = np.empty((self.comm.size, len(mine)), mine.dtype)
             request = self.comm.Iallgather(mine.copy().view(np.uint8), everyone.view(np.uint8))
             while not _test(request):
                 if not all(_alive(pid) for pid in self._peers):
-                    self._hung.append(queue)
+                    self._hung.append(queue)  # the kernel stays on the GPU until the abort
                     return False
                 time.sleep(0.0005)
+            gpu.release()
             finish(everyone)
         queue.enqueue(collective)
 
@@ -99,6 +109,7 @@ class NcclCommunicator:
             self.comm.Revoke()  # MPI's fault tolerance (ULFM): the errored gather is not waited for at exit
         for stream in self._hung:
             stream.abandon()
+            _kernels[self._device].release()
         self._hung.clear()
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
@@ -123,6 +134,7 @@ class NcclCommunicator:
 
 
 _calls = []  # one entry per collective this process made, for EMULATED_NCCL_DIE
+_kernels = collections.defaultdict(threading.Lock)  # GPU -> held while an NCCL kernel runs there
 
 
 def _members(ndev, comm_id, rank):
