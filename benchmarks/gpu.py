@@ -9,8 +9,8 @@ it, the floor of this GPU in the same run: a device-to-device copy of the same s
 64 KiB, the engine's own cost per call is the time over that copy's), and the pinned
 host<->device copies that staging pays. Where torch has CUDA, torch tensors of float32, float16
 and bfloat16 through ringreduce.torch, same sizes (bfloat16 travels as bfloat16 where CuPy 14
-can carry it, else as float32, against float16's half the bytes). Each row says whether the ranks share one GPU ("2 ranks sharing one GPU": NCCL refuses
-that, and staging's numbers are then one GPU's copy engines shared). Rank 0 prints a table and
+can carry it, else as float32). Each row says whether the ranks share one GPU ("2 ranks sharing
+one GPU": NCCL refuses that, and staging's numbers are then one GPU's copy engines shared). Rank 0 prints a table and
 adds its rows to OUT.json, so that runs under each transport and rank count
 (benchmarks/gpu_check.sh) fill one file.
 """
