@@ -199,8 +199,9 @@ class Engine:
         started = time.perf_counter()
         for item in arrived:
             self._accept(item)
-        # A set's device collectives run only in a cycle where each member holds its GPU's turn.
-        needs_gpu = gpu_turn.used and (self._device_pending > 0 or self._join_handle is not None)
+        # A set's device collectives run only in a cycle where each member holds its GPU's turn. A
+        # joined rank takes it whatever its process has done: it runs whatever its set agrees.
+        needs_gpu = (gpu_turn.used and self._device_pending > 0) or self._join_handle is not None
         holds_gpu = needs_gpu and gpu_turn.take()
         try:
             return self._cycle_with(started, gpu_taken=needs_gpu and not holds_gpu)
