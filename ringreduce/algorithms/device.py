@@ -156,7 +156,7 @@ class CudaAwareMpi:
 
     def _family(self, buf, op=None):
         """MPI's own collectives, waited for by the stream's kernels, or the staged family."""
-        if buf.dtype.kind == "V" or op is not None and self.rank_ordered and reduction.order_sensitive(op, buf.dtype):
+        if buf.dtype.kind == "V" or (op is not None and self.rank_ordered and reduction.order_sensitive(op, buf.dtype)):
             return self.staged
         self.stream.synchronize()
         return self.mpi

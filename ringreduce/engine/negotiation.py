@@ -240,7 +240,7 @@ class Negotiator:
         entry.arrival.setdefault(rank, now)
         return new
 
-    def _decide(self, name, entry, joined, leaving, gpu_taken=False):
+    def _decide(self, name, entry, joined, leaving, gpu_taken):
         """The Response for `name` this cycle, or None while it waits: for a rank (or for a turn on a
         rank's GPU, `gpu_taken`, where it would run on the GPU)."""
         missing = [r for r in range(self.size) if r not in entry.messages]

@@ -33,5 +33,6 @@ def bfloat16_unavailable(cupy) -> str | None:
         if probe.get().astype(np.float32).tolist() != [1.5, 1.5]:
             return "CuPy's bfloat16 kernel gave wrong values"
     except Exception as error:  # CuPy < 14 (no such dtype), no ml_dtypes, nvrtc < 12.2: a compile error
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".rstrip(": ")
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
     return None

@@ -66,7 +66,7 @@ def scale(source, factor, out=None):
     toward zero as a C cast does. The cast to and from a compressed wire dtype happens here too."""
     target = source if out is None else out
     if factor != 1.0:
-        single = floating(source.dtype) and source.dtype.itemsize <= 4
+        single = source.dtype.kind == "f" and source.dtype.itemsize <= 4
         np.multiply(source, factor, out=target, dtype=np.float32 if single else np.float64, casting="unsafe")
     elif target is not source:
         kernels.cast_into(target, source)
