@@ -23,6 +23,18 @@ def test_the_casts_travel_as_their_wire_dtype_and_come_back():
     assert bfloat16().itemsize == 2
 
 
+def test_a_bfloat16_wire_is_scaled_back_in_float64_with_the_factor_unrounded():
+    """The cast back from a bfloat16 wire (with the average's 1/3) multiplies in float64, as for
+    every dtype but float16 and float32: the float32 factor 1/3 gives other bits."""
+    from ringreduce.numerics import reduction
+
+    wire = np.arange(1, 4097, dtype=np.float32).astype(bfloat16())
+    result = np.empty(wire.shape, np.float32)
+    reduction.scale(wire, 1 / 3, out=result)
+    np.testing.assert_array_equal(result, (wire.astype(np.float64) * (1 / 3)).astype(np.float32))
+    assert not np.array_equal(result, wire.astype(np.float32) * np.float32(1 / 3))
+
+
 def test_error_feedback_keeps_exactly_what_the_wire_lost_and_adds_it_to_the_next_step():
     rng = np.random.default_rng(0)
     feedback = ErrorFeedback(Compression.fp16)
