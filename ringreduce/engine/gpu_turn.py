@@ -14,7 +14,6 @@ cycle where every member holds its turn: alone on each member's GPU.
 import threading
 
 _turn = threading.Lock()
-used = False  # has this process had a device request? (before that, only a joined rank's cycle needs the turn)
 
 
 def take() -> bool:

@@ -200,8 +200,8 @@ class Engine:
         for item in arrived:
             self._accept(item)
         # A set's device collectives run only in a cycle where each member holds its GPU's turn. A
-        # joined rank takes it whatever its process has done: it runs whatever its set agrees.
-        needs_gpu = (gpu_turn.used and self._device_pending > 0) or self._join_handle is not None
+        # joined rank takes it too: it runs whatever its set agrees.
+        needs_gpu = self._device_pending > 0 or self._join_handle is not None
         holds_gpu = needs_gpu and gpu_turn.take()
         try:
             return self._cycle_with(started, gpu_taken=needs_gpu and not holds_gpu)
@@ -257,7 +257,6 @@ class Engine:
             self._pending[request.name] = request
             if request.message.device == "cuda":
                 self._device_pending += 1
-                gpu_turn.used = True
 
     def _drop(self, name):
         """A pending request that is finished here, out of the engine's books."""

@@ -65,6 +65,8 @@ def check(got, rank, size):
                                       np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
         np.testing.assert_array_equal(got["torch-bfloat16"],
                                       np.sum([cases.values(r, "float32", 100) for r in range(size)], axis=0))
+        travels_as = "bfloat16" if bool(got["torch-bfloat16-carried"]) else "float32"
+        assert str(got["torch-bfloat16-travels-as"]) == travels_as, got["torch-bfloat16-travels-as"]
         np.testing.assert_array_equal(got["torch-broadcast"], np.zeros((3, 4), np.float32))
 
 

@@ -122,6 +122,12 @@ if torch is not None:
     brain = torch.as_tensor(cases.values(rank, "float32", 100), device="cuda").to(torch.bfloat16)
     rrt.allreduce_(brain, op=rrt.Sum)  # in place: the result lands in the tensor, whichever way it travelled
     out["torch-bfloat16"] = brain.float().cpu().numpy()
+    # What it travelled as: bfloat16 wherever this GPU runs CuPy's bfloat16 kernel.
+    from ringreduce.numerics import device_kernels
+    from ringreduce.torch.tensors import as_array
+
+    out["torch-bfloat16-carried"] = np.array(device_kernels.bfloat16_unavailable(cupy) is None)
+    out["torch-bfloat16-travels-as"] = np.array(as_array(brain).dtype.name)
     model = torch.nn.Linear(4, 3).cuda()
     torch.nn.init.constant_(model.weight, float(rank))
     rrt.broadcast_parameters(model.state_dict(), root_rank=0)

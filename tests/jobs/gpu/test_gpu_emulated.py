@@ -45,6 +45,7 @@ def test_every_collective_on_emulated_cupy_arrays(tmp_path, ranks, variables, tr
     for rank in range(ranks):
         got = np.load(tmp_path / f"rank{rank}.npz")
         assert str(got["transport"]) == transport
+        assert "nccl-bfloat16" in got  # the emulated NCCL says which datatypes it was called with
         gpu_cases.check(got, rank, ranks)
 
 
