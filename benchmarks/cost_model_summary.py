@@ -1,5 +1,5 @@
 """The summary of benchmarks/results/cost_model.jsonl that docs/cost_model.md quotes: per setting
-(label, ranks, hosts), how many held-out cases of 64 KiB to 256 MiB the model predicts within 25 %
+(label, collective, ranks, hosts), how many held-out cases of 64 KiB to 256 MiB the model predicts within 25 %
 of the measured median (and, where recorded, the same rounds' predictions without one term), the
 median and worst error, per family; below 64 KiB the spread between rounds instead. Then the
 choice the predictions make: at how many sizes the family predicted fastest measured fastest, and
@@ -32,7 +32,7 @@ def main():
             if (not args.commit or row["commit"] in args.commit) and row["label"].startswith(args.label)]
     settings = collections.defaultdict(list)
     for row in rows:
-        settings[row["label"], row["ranks"], row["hosts"]].append(row)
+        settings[_setting(row), row["ranks"], row["hosts"]].append(row)
     _accuracy(settings)
     print()
     _choice(settings)
@@ -80,13 +80,23 @@ def _between_runs(rows):
         if row["bytes"] >= SMALL:
             band = "64 KiB-1 MiB" if row["bytes"] <= 1 << 20 else "2 MiB and up"
             ratio = row["median"] / row["predicted"]
-            groups[row["ranks"], row["hosts"], band][row["family"], row["bytes"]].append(ratio)
+            groups[row["ranks"], row["hosts"], band][_collective(row), row["family"], row["bytes"]].append(ratio)
     for (ranks, hosts, band), cases in groups.items():
         spreads = [max(ratios) / min(ratios) for ratios in cases.values() if len(ratios) > 1]
         if spreads:
             runs = max(len(ratios) for ratios in cases.values())
             print(f"| {ranks} on {hosts} | {band} | {runs} | {len(spreads)} | {statistics.median(spreads):.2f}x | "
                   f"{max(spreads):.2f}x | {sum(s > 1.25 / 0.75 for s in spreads)} |")
+
+
+def _collective(row):
+    return row.get("collective", "allreduce")  # rows from before other collectives were measured
+
+
+def _setting(row):
+    """The label, and the collective where it is not the allreduce."""
+    collective = _collective(row)
+    return row["label"] if collective == "allreduce" else f"{row['label']}, {collective}"
 
 
 def _within(rows, key):

@@ -287,10 +287,12 @@ class Model:
         return count * self._send(nbytes / count, across, ws, link=link, exchange=True)
 
     def _shm_pass(self, copied, n, handed_over):
-        """The shared-memory family's barriers for an array of `n` bytes, its copies of `copied`
+        """The shared-memory allgather or broadcast of `n` bytes, as the busiest rank does it: one
+        barrier per window of the segment (every rank's share of a piece), its copies of `copied`
         bytes, of which `handed_over` read what another rank has just written."""
-        return (2 * self._barrier() * max(1, math.ceil(n / self.p.shm_piece_bytes))
-                + self._copy(copied, self._working_set(n, 1.0)) + handed_over * self.p.shm_handover)
+        windows = max(1, math.ceil(n / (self.shape.local * self.p.shm_piece_bytes)))
+        return (windows * self._barrier() + self._copy(copied, self._working_set(n, 1.0))
+                + handed_over * self.p.shm_handover)
 
     def reducescatter(self, family, n):
         p, across = self.shape.ranks, self.shape.hosts > 1
@@ -311,7 +313,8 @@ class Model:
         if p == 1:
             cost = 0.0
         elif family == "shm":
-            cost = self._shm_pass(n / self.shape.local + n, n, (self.shape.local - 1) / self.shape.local * n)
+            # Each rank copies its own part in and the others' out: the array once.
+            cost = self._shm_pass(n, n, (self.shape.local - 1) / self.shape.local * n)
         elif family in ("halving_doubling", "mpi"):
             link = self.p.mpi if family == "mpi" else None
             width = 1 << (p.bit_length() - 1)
@@ -329,7 +332,9 @@ class Model:
         if p == 1:
             cost = 0.0
         elif family == "shm":
-            cost = self._shm_pass(2 * n, n, n)
+            # The root copies a window in while the others copy the last one out: the array once, in
+            # the cache. Beyond it, the two share the memory bus and take turns.
+            cost = self._shm_pass(n if ws <= self.p.cache_bytes else 2 * n, n, n)
         elif family == "mpi":  # a scatter and an allgather for large arrays
             cost = self._messages(rounds, 2 * (p - 1) / p * n, across, ws, self.p.mpi)
         else:  # down the binomial tree, in pieces that pipeline its levels

@@ -179,6 +179,21 @@ def test_shared_memory_pays_the_handover_for_every_byte_read_from_another_ranks_
     assert cost.Model(_profile(alpha=0.0), cost.JobShape(ranks)).allreduce("shm", n) == 0.0
 
 
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_shared_memory_allgather_and_broadcast_copy_the_array_once_per_rank(ranks):
+    """With one second per byte copied and nothing else: an allgather's rank copies its part in and
+    the others' out, a broadcast's root copies the array in while the others copy it out, window
+    by window (the array once, not twice); beyond the cache a broadcast's two copies take turns."""
+    profile = dataclasses.replace(_profile(alpha=0.0), copy=cost.PerByte(1.0, 1.0))
+    model = cost.Model(profile, cost.JobShape(ranks))
+    in_cache = (1 << 20) // (2 * ranks)
+    assert model.allgather("shm", in_cache) == pytest.approx(in_cache)
+    assert model.broadcast("shm", in_cache) == pytest.approx(in_cache)
+    beyond = 4 << 20
+    assert model.allgather("shm", beyond) == pytest.approx(beyond)
+    assert model.broadcast("shm", beyond) == pytest.approx(2 * beyond)
+
+
 def test_the_caches_come_from_sysfs_by_level(tmp_path):
     for index, (level, size) in enumerate([(1, "48K"), (1, "32K"), (2, "2048K"), (3, "32768K")]):
         (tmp_path / f"index{index}").mkdir()
