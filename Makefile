@@ -50,6 +50,8 @@ bench: install
 		else echo "benchmarks/slow_link.sh skipped: no two-host test cluster (make cluster, as root)"; fi
 	$(RRUN) -np 2 $(PYTHON) benchmarks/cost_model.py --label "one host"
 	$(RRUN) -np 4 $(PYTHON) benchmarks/cost_model.py --label "one host"
+	@set -e; for collective in broadcast allgather reducescatter; do \
+		$(RRUN) -np 2 $(PYTHON) benchmarks/cost_model.py --collective $$collective --label "one host"; done
 	@if ip netns list 2>/dev/null | grep -q rr-hosta; then PYTHON=$(PYTHON) benchmarks/cost_model_cluster.sh 1gbit 256kb \
 		"1 Gbit/s" 268435456; else echo "benchmarks/cost_model_cluster.sh skipped: no two-host test cluster"; fi
 	$(RRUN) -np 2 --calibrate --profile /tmp/ringreduce-step-profile.json
