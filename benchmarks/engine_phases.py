@@ -1,9 +1,11 @@
-"""Where a plain call's time goes, phase by phase: the meeting in program order, the engine's
-state exchange, the rest of its cycle, the execution (packing, the algorithm, handing out the
-result: in the engine's cycle, or on the caller's thread after the meeting) and what lies outside
-all of them (argument checks, the hand-over to the cycles, waking the caller). Each phase is timed
-by wrapping the method that runs it, on rank 0, over many calls in a row; the family's own
-collective and MPI's are timed alone in the same run.
+"""Where a call's time goes, phase by phase: the meeting in program order, the engine's state
+exchange, the rest of its cycle, the execution (packing, the algorithm, handing out the result:
+in the engine's cycle, or on the caller's thread after the meeting) and what lies outside all of
+them (argument checks, the hand-over to the cycles, waking the caller). Plain calls, and an
+async allreduce waited for at once (`allreduce_async(x).wait()`: the engine's path, which the
+framework adapters' gradient hooks take). Each phase is timed by wrapping the method that runs
+it, on rank 0, over many calls in a row; the family's own collective and MPI's are timed alone
+in the same run.
 
     rrun -np 2 python benchmarks/engine_phases.py
 """
@@ -52,10 +54,11 @@ def per_call(run, calls):
 def measure(kind, size, algorithms, comm, calls, totals):
     """(kind, size, whole call, {phase: seconds}, the family alone, MPI's own), per call."""
     x = np.ones(size // 4, np.float32)
-    if kind == "allreduce":
+    if kind.startswith("allreduce"):
         out = np.empty_like(x)
-        call, alone, mpi = (lambda: rr.allreduce(x, op=rr.Sum, name="phases"),
-                            lambda: algorithms.allreduce(out, rr.Sum, x), lambda: comm.Allreduce(x, out))
+        call = ((lambda: rr.allreduce_async(x, op=rr.Sum, name="phases.a").wait()) if kind == "allreduce async"
+                else lambda: rr.allreduce(x, op=rr.Sum, name="phases"))
+        alone, mpi = lambda: algorithms.allreduce(out, rr.Sum, x), lambda: comm.Allreduce(x, out)
     elif kind == "reducescatter":
         work, out = np.empty_like(x), np.empty(x.size // comm.size, np.float32)
         offsets = offsets_of(even_counts(x.size, comm.size))
@@ -87,18 +90,19 @@ def main():
         setattr(owner, name, timed(totals, phase, getattr(owner, name)))
     algorithms = runtime.active().engine.algorithms
     comm = MPI.COMM_WORLD
-    kinds = {"allreduce": SIZES, "reducescatter": SIZES[:2], "allgather": SIZES[:2], "broadcast": SIZES[:2]}
+    kinds = {"allreduce": SIZES, "allreduce async": SIZES[:3], "reducescatter": SIZES[:2], "allgather": SIZES[:2],
+             "broadcast": SIZES[:2]}
     rows = [measure(kind, size, algorithms, comm, args.calls, totals)
             for kind, sizes in kinds.items() for size in sizes]
     if rr.rank() == 0:
-        print(f"where a plain call's time goes, {comm.size} ranks, rank 0, us per call ({args.calls} calls in a "
+        print(f"where a call's time goes, {comm.size} ranks, rank 0, us per call ({args.calls} calls in a "
               "row)")
-        print(f"{'call':>20} {'whole':>7} {'meeting':>8} {'states':>7} {'cycle*':>7} {'execute':>8} "
+        print(f"{'call':>22} {'whole':>7} {'meeting':>8} {'states':>7} {'cycle*':>7} {'execute':>8} "
               f"{'outside':>8} {'family':>7} {'MPI':>6}")
         for kind, size, whole, phases, alone, mpi in rows:
             meeting, states, cycle, execution, callers = (phases[p] * 1e6 for p in PHASES)
             outside = whole * 1e6 - meeting - cycle
-            print(f"{kind:>13} {size >> 10:>4} KiB {whole * 1e6:7.0f} {meeting - callers:8.0f} {states:7.0f} "
+            print(f"{kind:>15} {size >> 10:>4} KiB {whole * 1e6:7.0f} {meeting - callers:8.0f} {states:7.0f} "
                   f"{cycle - states - (execution - callers):7.0f} {execution:8.0f} {outside:8.0f} "
                   f"{alone * 1e6:7.0f} {mpi * 1e6:6.0f}")
         print("cycle*: the engine cycle's own work beyond the state exchange and the execution")
