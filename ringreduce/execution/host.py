@@ -185,8 +185,7 @@ class Executor:
         source = _contribution(request.input, work, message.prescale)
         mine = self.algorithms.reducescatter(work.reshape(-1), offsets_of([r * row_size for r in rows]), op, source)
         result = RECYCLER.empty((rows[self.rank],) + message.shape[1:], message.dtype)
-        np.copyto(result.reshape(-1), mine)
-        reduction.scale_result(result.reshape(-1), op, self.size, message.postscale)
+        reduction.scale_result(mine, op, self.size, message.postscale, out=result.reshape(-1))  # the copy out too
         return result
 
     def _barrier(self, response, request):

@@ -72,16 +72,21 @@ def scale(source, factor, out=None):
         kernels.cast_into(target, source)
 
 
-def scale_result(array, op, size, postscale_factor=1.0):
-    """Turn a reduced sum into the op's result in place. Average of floats is one multiplication by
-    postscale / size, as Horovod's (one rounding); integer averages are truncated toward zero,
-    as Horovod's (-33 / 2 is -16), in integers, so exact for every int64, then postscaled."""
+def scale_result(array, op, size, postscale_factor=1.0, out=None):
+    """Turn a reduced sum into the op's result: in place, or into `out`, an array of its dtype (the
+    copy out of a work buffer in the same pass, the same bits). Average of floats is one
+    multiplication by postscale / size, as Horovod's (one rounding); integer averages are truncated
+    toward zero, as Horovod's (-33 / 2 is -16), in integers, so exact for every int64, then
+    postscaled."""
     if op == ReduceOp.AVERAGE and np.issubdtype(array.dtype, np.integer):
+        if out is not None:
+            np.copyto(out, array)
+            array = out
         np.subtract(array, np.fmod(array, size), out=array)  # a multiple of size, toward zero
         np.floor_divide(array, size, out=array)
         scale(array, postscale_factor)
     else:
-        scale(array, postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor)
+        scale(array, postscale_factor / size if op == ReduceOp.AVERAGE else postscale_factor, out=out)
 
 
 def identity(op, dtype):

@@ -71,6 +71,18 @@ def test_finish_turns_sums_into_results(dtype, op, expected):
     np.testing.assert_array_equal(array, np.array(expected, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("op, postscale", [(ops.Average, 1.0), (ops.Average, 0.3), (ops.Sum, 1.0 / 3)])
+def test_a_result_scaled_into_another_array_has_the_bits_of_one_scaled_in_place(dtype, op, postscale):
+    """The reduce-scatter hands its result out of a work buffer in the pass that scales it."""
+    sums = (np.random.default_rng(7).standard_normal(1000) * 1000).astype(dtype)
+    in_place, out = sums.copy(), np.empty_like(sums)
+    reduction.scale_result(in_place, op, 3, postscale)
+    reduction.scale_result(sums, op, 3, postscale, out=out)
+    np.testing.assert_array_equal(out.view(np.uint8), in_place.view(np.uint8))
+    np.testing.assert_array_equal(sums, (np.random.default_rng(7).standard_normal(1000) * 1000).astype(dtype))
+
+
 def test_bool_supports_only_logical_ops():
     for op in (ops.Min, ops.Max, ops.Product):
         reduction.check_op(op, np.dtype(bool))
