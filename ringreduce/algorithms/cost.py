@@ -288,7 +288,7 @@ class Model:
 
     def _shm_pass(self, copied, n, handed_over):
         """The shared-memory allgather or broadcast of `n` bytes, as the busiest rank does it: one
-        barrier per window of the segment (every rank's share of a piece), its copies of `copied`
+        barrier per window (the segment's data area, a piece for each rank), its copies of `copied`
         bytes, of which `handed_over` read what another rank has just written."""
         windows = max(1, math.ceil(n / (self.shape.local * self.p.shm_piece_bytes)))
         return (windows * self._barrier() + self._copy(copied, self._working_set(n, 1.0))
