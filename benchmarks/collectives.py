@@ -1,5 +1,6 @@
 """The collective benchmark: ringreduce against MPI's own collectives and torch.distributed's
-gloo, in the same run and interleaved, with the floor a ring cannot go below.
+gloo, in the same run (gloo in rounds of its own, the others interleaved), with the floor a ring
+cannot go below.
 
     rrun -np 2 python benchmarks/collectives.py [--max-mib 256] [--seconds-per-point 1.0]
 
