@@ -265,7 +265,8 @@ def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=Fal
     checked Message: arrays_of(domain) gives the (input, output) the meeting runs it on, as the
     call's checks would have made them. The first such call goes the whole way, and its Message
     is remembered."""
-    domain = runtime.active().domain(process_set)
+    active = runtime.active()
+    domain = active.domain(process_set)
     if domain.ordered is None or type(tensor) is not np.ndarray:
         return _synchronously(lambda: submit(name), process_set)
     number, plain_name = (None, name) if name else domain.waiting_name()
@@ -275,7 +276,7 @@ def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=Fal
         message = domain.checked.get(key)
         if message is None:
             return _synchronously(lambda: submit(plain_name), process_set, remember=key)
-        recorder, caller = runtime.active().flight_recorder, sys._getframe(2)  # the plain call's caller
+        recorder, caller = active.flight_recorder, sys._getframe(2)  # the plain call's caller
         flight = recorder.record(message, domain.set_id, caller=(caller.f_code, caller.f_lineno))
         done, result = domain.ordered.run(message, *arrays_of(domain))
         recorder.finished(flight)

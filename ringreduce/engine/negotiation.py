@@ -12,6 +12,7 @@ same error. The cache makes a training loop's steady state one bit per name and 
 import collections
 import dataclasses
 import functools
+import operator
 import time
 
 from ringreduce.engine import agreement
@@ -71,7 +72,9 @@ class Stragglers:
         self.cycles = 0
         self.last = [0] * size
         self.waited = [0.0] * size
-        self._seconds = collections.deque()  # [second, rounds, waited per rank, behind per rank]
+        # [second, rounds, sum of the first rank's wait, waited per rank]: how far a rank came behind
+        # the first is the first's wait less its own, summed over the rounds
+        self._seconds = collections.deque()
 
     def record(self, waits):
         """`waits`: every rank's wait in one round."""
@@ -82,16 +85,15 @@ class Stragglers:
             self.last[rank] += 1
             self.waited[rank] += first - least
         second = int(time.monotonic())
-        if not self._seconds or self._seconds[-1][0] != second:
-            while self._seconds and self._seconds[0][0] <= second - self.WINDOW_SECONDS:
-                self._seconds.popleft()
-            self._seconds.append([second, 0, [0.0] * len(waits), [0.0] * len(waits)])
-        bucket = self._seconds[-1]
+        seconds = self._seconds
+        if not seconds or seconds[-1][0] != second:
+            while seconds and seconds[0][0] <= second - self.WINDOW_SECONDS:
+                seconds.popleft()
+            seconds.append([second, 0, 0.0, [0.0] * len(waits)])
+        bucket = seconds[-1]
         bucket[1] += 1
-        waited, behind = bucket[2], bucket[3]
-        for rank, wait in enumerate(waits):
-            waited[rank] += wait
-            behind[rank] += first - wait
+        bucket[2] += first
+        bucket[3] = list(map(operator.add, bucket[3], waits))
 
     @classmethod
     def combined(cls, parts):
@@ -102,11 +104,11 @@ class Stragglers:
             whole.cycles += part.cycles
             whole.last = [a + b for a, b in zip(whole.last, part.last, strict=True)]
             whole.waited = [a + b for a, b in zip(whole.waited, part.waited, strict=True)]
-            for second, rounds, waited, behind in list(part._seconds):
-                into = by_second.setdefault(second, [second, 0, [0.0] * len(waited), [0.0] * len(waited)])
+            for second, rounds, firsts, waited in list(part._seconds):
+                into = by_second.setdefault(second, [second, 0, 0.0, [0.0] * len(waited)])
                 into[1] += rounds
-                into[2] = [a + b for a, b in zip(into[2], waited, strict=True)]
-                into[3] = [a + b for a, b in zip(into[3], behind, strict=True)]
+                into[2] += firsts
+                into[3] = [a + b for a, b in zip(into[3], waited, strict=True)]
         whole._seconds.extend(by_second[second] for second in sorted(by_second))
         return whole
 
@@ -126,8 +128,9 @@ class Stragglers:
             return 0.0, [(0.0, 0.0, 0.0)] * len(self.last)
         span = max(now - buckets[0][0], 1.0)
         rounds = sum(b[1] for b in buckets)
-        return span, [(rounds / span, sum(b[2][r] for b in buckets) / span, sum(b[3][r] for b in buckets) / rounds)
-                      for r in range(len(self.last))]
+        firsts = sum(b[2] for b in buckets)
+        waited = [sum(b[3][r] for b in buckets) for r in range(len(self.last))]
+        return span, [(rounds / span, wait / span, (firsts - wait) / rounds) for wait in waited]
 
     def table(self):
         """The report as rrun --straggler-report prints it at shutdown."""

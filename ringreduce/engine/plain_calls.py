@@ -275,9 +275,8 @@ class PlainCalls:
     def _record_waits(self, received, sent_wait):
         """Each packet says how long its sender waited in the call before: every rank records the
         same waits, and so names the same straggler (one call late)."""
-        waits = [sent_wait] * self.size
-        for packet in received:
-            waits[packet.peer] = packet.waited
+        waits = [packet.waited for packet in received]  # in peer order: the ranks but this one
+        waits.insert(self.me, sent_wait)
         self.stragglers.record(waits)
 
     def _execute(self, message, plan, received, array, output):
@@ -301,7 +300,10 @@ class PlainCalls:
         """The contributions (their `rows`, or all of them) combined in rank order (the same rounding
         on every rank), scaled; into `output`, or a new array. A `joined` rank adds the identity:
         nothing."""
-        parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
+        if joined:
+            parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
+        else:  # the ranks' calls agree (checked), so each peer's data lies where the plan expects it
+            parts = plan.in_rank_order
         if rows is not None:
             parts = [part[rows] for part in parts]
         if len(parts) == 1:
@@ -310,7 +312,7 @@ class PlainCalls:
                 np.copyto(output, parts[0])
         else:
             result = plan.combine(parts[0], parts[1], out=output)
-            if output is None and not isinstance(result, np.ndarray):  # 0-d arrays combine into a scalar
+            if output is None and not plan.shape:  # 0-d arrays combine into a scalar
                 result = np.asarray(result)
             for part in parts[2:]:
                 plan.combine(result, part, out=result)
@@ -428,10 +430,12 @@ class _Plan:
         self.receives = [comm.Recv_init(self.ins[peer], peer, _TAG) for peer in peers]
         self.requests = self.receives + [comm.Send_init(self.out, peer, _TAG) for peer in peers]
         self.dtype, self.shape = np.dtype(message.dtype) if message.dtype else None, message.shape
-        self.mine = self.theirs = self.combine = None
+        self.mine = self.theirs = self.combine = self.in_rank_order = None
         if self.carries:
             self.mine = self._view(self.out, data_at, self.shape) if self.sends else None
             self.theirs = {peer: self._view(buffer, data_at, self.shape) for peer, buffer in self.ins.items()}
+            if self.sends:
+                self.in_rank_order = [self.theirs.get(rank, self.mine) for rank in range(len(peers) + 1)]
             if message.kind in _REDUCING_KINDS:
                 self.combine = reduction.ufunc(message.op, message.dtype)
 
