@@ -12,7 +12,6 @@ same error. The cache makes a training loop's steady state one bit per name and 
 import collections
 import dataclasses
 import functools
-import operator
 import time
 
 from ringreduce.engine import agreement
@@ -93,7 +92,9 @@ class Stragglers:
         bucket = seconds[-1]
         bucket[1] += 1
         bucket[2] += first
-        bucket[3] = list(map(operator.add, bucket[3], waits))
+        waited = bucket[3]
+        for rank, wait in enumerate(waits):
+            waited[rank] += wait
 
     @classmethod
     def combined(cls, parts):

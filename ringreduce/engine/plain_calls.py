@@ -275,8 +275,9 @@ class PlainCalls:
     def _record_waits(self, received, sent_wait):
         """Each packet says how long its sender waited in the call before: every rank records the
         same waits, and so names the same straggler (one call late)."""
-        waits = [packet.waited for packet in received]  # in peer order: the ranks but this one
-        waits.insert(self.me, sent_wait)
+        waits = [sent_wait] * self.size
+        for packet in received:
+            waits[packet.peer] = packet.waited
         self.stragglers.record(waits)
 
     def _execute(self, message, plan, received, array, output):
