@@ -131,17 +131,18 @@ class PlainCalls:
             raise
         number, self.calls = self.calls, self.calls + 1
         joined = {packet.peer for packet in received if packet.flags & _JOINED}
-        self._check(message, plan.header, received, number)
+        alike = self._check(message, plan.header, received, number)
         if number and not joined:
             self._record_waits(received, sent_wait)
         if plan.carries and message.kind == "allreduce":
-            result = self._combine(message, plan, received, joined, output)
+            result = self._combine(message, plan, received, joined, alike, output)
         elif joined:
             return False, None  # the engine stands the joined ranks in, or refuses the call
         elif plan.carries and message.kind == "reducescatter":
             rows = even_counts(message.shape[0], self.size)  # as the engine divides them
             start = sum(rows[:self.me])
-            result = self._combine(message, plan, received, joined, None, slice(start, start + rows[self.me]))
+            result = self._combine(message, plan, received, joined, alike, None,
+                                   slice(start, start + rows[self.me]))
         elif plan.carries and message.kind == "broadcast":
             result = output
             if not (plan.sends and array is None):  # but the root's own array, in place
@@ -242,7 +243,9 @@ class PlainCalls:
                 "in program order, so every rank must make the same plain calls in the same order")
 
     def _check(self, message, header, received, number):
-        """Raise the same error on every rank where the ranks' calls (this rank's `number`th) differ."""
+        """Raise the same error on every rank where the ranks' calls (this rank's `number`th) differ.
+        True when every description but a joined rank's is this rank's byte for byte (none differs
+        but in its call site): then each peer's data lies where the plan expects it."""
         headers, differ = {}, False
         for packet in received:
             if packet.flags & _JOINED:
@@ -256,7 +259,7 @@ class PlainCalls:
                     "rank only, or plain calls made from two threads at once)")
             differ = differ or theirs != header
         if not differ:
-            return
+            return True
         messages = {self.ranks[self.me]: message, **{rank: pickle.loads(h) for rank, h in headers.items()}}
         ranks = sorted(messages)
         error = agreement.disagreement([messages[r] for r in ranks], ranks, self.where)
@@ -271,6 +274,7 @@ class PlainCalls:
                                       + agreement.called_at([messages[r] for r in ranks], ranks))
         if error is not None:
             raise error
+        return False
 
     def _record_waits(self, received, sent_wait):
         """Each packet says how long its sender waited in the call before: every rank records the
@@ -297,14 +301,15 @@ class PlainCalls:
         """Rank `rank`'s data in this call (received in peer order: the ranks but this one)."""
         return plan.mine if rank == self.me else plan.data(received[rank - (rank > self.me)])
 
-    def _combine(self, message, plan, received, joined, output, rows=None):
+    def _combine(self, message, plan, received, joined, alike, output, rows=None):
         """The contributions (their `rows`, or all of them) combined in rank order (the same rounding
         on every rank), scaled; into `output`, or a new array. A `joined` rank adds the identity:
-        nothing."""
-        if joined:
-            parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
-        else:  # the ranks' calls agree (checked), so each peer's data lies where the plan expects it
+        nothing. `alike`: every peer's description is this rank's (_check), so its data lies where the
+        plan expects it."""
+        if alike and not joined:
             parts = plan.in_rank_order
+        else:
+            parts = [self._data_of(rank, plan, received) for rank in range(self.size) if rank not in joined]
         if rows is not None:
             parts = [part[rows] for part in parts]
         if len(parts) == 1:
