@@ -11,7 +11,6 @@ same error. The cache makes a training loop's steady state one bit per name and 
 
 import collections
 import dataclasses
-import functools
 import time
 
 from ringreduce.engine import agreement
@@ -40,10 +39,13 @@ class Response:
     name: str
     messages: tuple
     error: Exception | None = None
+    # The first rank's message (None where every rank joined): asked for many times per response by
+    # fusion and execution, so found once, when made (a cached_property's first call costs three
+    # times the search, for its lock).
+    message: agreement.Message | None = dataclasses.field(init=False, compare=False, repr=False)
 
-    @functools.cached_property
-    def message(self):  # asked for many times per response by fusion and execution
-        return next(m for m in self.messages if m is not None)
+    def __post_init__(self):
+        object.__setattr__(self, "message", next(filter(None, self.messages), None))  # a Message is a tuple: true
 
 
 @dataclasses.dataclass
