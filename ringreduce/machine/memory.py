@@ -55,17 +55,14 @@ class Recycler:
 
     def _take(self, nbytes):
         """The smallest free block that fits without wasting more than half of it, out of the list;
-        or a new one."""
-        free = [i for i in range(len(self._blocks))
-                if nbytes <= self._blocks[i].nbytes <= 2 * nbytes and _unreferenced(self._blocks[i])]
-        if not free:
-            return np.empty(nbytes, dtype=np.uint8)
-        return self._blocks.pop(min(free, key=lambda i: self._blocks[i].nbytes))
-
-
-def _unreferenced(block):
-    # References: the recycler's list, this function's argument, and getrefcount's own.
-    return sys.getrefcount(block) <= 3
+        or a new one. (One pass, no lists made: a result of 1 MiB or more takes one of these.)"""
+        best, best_bytes = None, 2 * nbytes + 1
+        for index in range(len(self._blocks)):
+            block = self._blocks[index]
+            # Free: referred to by the list, `block` and getrefcount's argument only.
+            if nbytes <= block.nbytes < best_bytes and sys.getrefcount(block) <= 3:
+                best, best_bytes = index, block.nbytes
+        return np.empty(nbytes, dtype=np.uint8) if best is None else self._blocks.pop(best)
 
 
 RECYCLER = Recycler()
