@@ -41,8 +41,10 @@ def _allreduce_calls(in_place: bool):
         """Combine the arrays of all ranks (of `process_set`, a ProcessSet; None: the whole job)
         element-wise; every rank gets the result (the in-place form: in `tensor`, which must be
         writeable and C-contiguous)."""
+        key = _checked_key(tensor, name, ("allreduce", op, prescale_factor, postscale_factor, compression), in_place)
         return _submit("allreduce", name, lambda domain: _reduction(
-            tensor, op, prescale_factor, postscale_factor, compression, in_place=in_place), process_set)
+            tensor, op, prescale_factor, postscale_factor, compression, in_place=in_place), process_set,
+            key, lambda: dict(input=tensor, output=tensor if in_place else None))
 
     def grouped_allreduce_async(tensors: Sequence[ArrayLike], op: ops.ReduceOp = Average, name: str | None = None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -271,8 +273,7 @@ def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=Fal
         return _synchronously(lambda: submit(name), process_set)
     number, plain_name = (None, name) if name else domain.waiting_name()
     try:
-        writes_into = in_place and tensor.flags.writeable and tensor.flags.c_contiguous
-        key = (plain_name, tensor.dtype, tensor.shape, writes_into, *arguments)
+        key = _checked_key(tensor, plain_name, arguments, in_place)
         message = domain.checked.get(key)
         if message is None:
             return _synchronously(lambda: submit(plain_name), process_set, remember=key)
@@ -285,6 +286,18 @@ def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=Fal
     finally:
         if number is not None:
             domain.release([number])
+
+
+def _checked_key(tensor, name, arguments, in_place):
+    """The key under which a call's checked Message is kept (Domain.checked): all that its checks
+    read, that is the kind and other `arguments`, the name, the array's dtype and shape, and for the
+    in-place form whether it is writeable and contiguous. None where the checks read more (an
+    array other than numpy's) or the call is unnamed (an async call's name is counted, never
+    the same again)."""
+    if not name or type(tensor) is not np.ndarray:
+        return None
+    writes_into = in_place and tensor.flags.writeable and tensor.flags.c_contiguous
+    return (name, tensor.dtype, tensor.shape, writes_into, *arguments)
 
 
 def _synchronously(start, process_set, in_order=True, remember=None):
@@ -318,23 +331,34 @@ def _unnamed(domain):
     return name
 
 
-def _submit(kind, name, build, process_set):
+def _submit(kind, name, build, process_set, key=None, arrays_of=None):
     """Check the arguments (build(domain) returns the Message fields and the Request's arrays) and
     enqueue to the engine of `process_set`'s domain, unless a plain call's meeting in program order
-    has run it already. Invalid arguments become the Message's problem, which every rank raises."""
+    has run it already. Invalid arguments become the Message's problem, which every rank raises.
+    An async call under a `key` (_checked_key) whose arguments passed the checks before is sent
+    with that Message (a step's gradients come again and again: the checks cost 3 us a call):
+    arrays_of() gives its Request's arrays, as the checks would."""
     domain = runtime.active().domain(process_set)
-    name = name or _unnamed(domain)
-    try:
-        fields, data = build(domain)
-        if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
-            data["ready"] = gpu.ready_event()
-        message = Message(name=name, kind=kind, site=user_call_site(), **fields)
-    except (TypeError, ValueError) as error:
-        message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error)),
-                                site=user_call_site()), {}
-    recorder = runtime.active().flight_recorder
-    flight = recorder.record(message, domain.set_id)
     plain = getattr(_calling, "plain", None)
+    name = name or _unnamed(domain)
+    message = domain.checked.get(key) if key is not None and plain is None else None
+    if message is not None:
+        data, caller = arrays_of(), sys._getframe(2)  # the async call's caller
+        caller = (caller.f_code, caller.f_lineno)
+    else:
+        caller = None
+        try:
+            fields, data = build(domain)
+            if fields.get("device") == "cuda":  # the engine's GPU work waits for the caller's, not the device
+                data["ready"] = gpu.ready_event()
+            message = Message(name=name, kind=kind, site=user_call_site(), **fields)
+        except (TypeError, ValueError) as error:
+            message, data = Message(name=name, kind=kind, problem=(type(error).__name__, str(error)),
+                                    site=user_call_site()), {}
+        if key is not None and plain is None and message.problem is None:
+            domain.remember_checked(key, message)
+    recorder = runtime.active().flight_recorder
+    flight = recorder.record(message, domain.set_id, caller=caller)
     if plain is not None and plain[2] and plain[0] is domain:
         done, result = domain.ordered.run(message, data.get("input"), data.get("output"))
         if done:

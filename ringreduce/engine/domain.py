@@ -20,7 +20,9 @@ class Domain:
         self._names = itertools.count(1)
         self._waiting = set()  # the numbers held by unnamed plain calls in flight
         self._names_lock = threading.Lock()
-        self.checked = {}  # the Messages of plain calls that ran in program order, by their arguments
+        # The Messages of calls whose arguments passed their checks, by those arguments: plain calls once
+        # they ran in program order, async allreduces once submitted (collectives._checked_key)
+        self.checked = {}
 
     def remember_checked(self, key, message):
         if len(self.checked) >= 1024:  # a program that makes ever new calls: keep what recent ones need

@@ -69,11 +69,27 @@ elif mode == "aliased":
 
 elif mode == "cache":
     # A training loop's steady state: the same named tensors every iteration.
+    from ringreduce import collectives
+    checked, check = [], collectives._reduction
+    collectives._reduction = lambda *args, **kwargs: checked.append(1) or check(*args, **kwargs)
     before = rr.engine_stats()
     for step in range(20):
-        handles = [rr.allreduce_async(np.full(5, step, np.float64), name=f"grad.{i}") for i in range(10)]
-        assert all(np.array_equal(rr.synchronize(h), np.full(5, step, np.float64)) for h in handles)
+        handles = [rr.allreduce_async(np.full(5, step + rank, np.float64), name=f"grad.{i}") for i in range(10)]
+        in_place = np.full(3, step + rank, np.float32)
+        handles.append(rr.allreduce_async_(in_place, op=rr.Sum, name="grad.in_place"))
+        assert all(np.array_equal(rr.synchronize(h), np.full(5, step + 0.5, np.float64)) for h in handles[:-1])
+        assert rr.synchronize(handles[-1]) is in_place and np.array_equal(in_place, np.full(3, 2 * step + 1))
     stats = delta(before)
+    checks = len(checked)  # the arguments of each name checked once, then its Message reused
+    collectives._reduction = check
+    # Arguments the checks would refuse, under a name whose Message was kept: refused all the same.
+    refused = []
+    for bad in (lambda: rr.allreduce_async(np.full(5, True), name="grad.0"),  # Average of bools
+                lambda: rr.allreduce_async_(np.full(3, 1, np.float32)[::-1], op=rr.Sum, name="grad.in_place")):
+        try:
+            rr.synchronize(bad())
+        except (ValueError, TypeError) as error:
+            refused.append(f"{type(error).__name__}: {error}")
     # Plain grouped calls go through the engine (engine/plain_calls.py runs the single ones).
     large = 20_000
     before = rr.engine_stats()
@@ -94,7 +110,7 @@ elif mode == "cache":
     for step in range(50):  # small plain calls run in program order, without the engine
         assert rr.allreduce(np.float64(step + rank), op=rr.Sum) == size * step + sum(range(size))
     report(stats=stats, steady=steady, unnamed_plain=unnamed_plain, unnamed_async=unnamed_async,
-           small_plain=delta(before))
+           small_plain=delta(before), checks=checks, refused=refused)
 
 elif mode == "compressed":  # engine.py compressed OUT fp16|bf16
     compression = getattr(rr.Compression, sys.argv[3])

@@ -67,12 +67,15 @@ def test_a_repeated_loop_runs_from_the_cache_named_or_unnamed(capacity):
     assert job.returncode == 0, job.stderr[-3000:]
     (got,) = reports(job, 0)
     stats = got["stats"]
-    assert stats["tensors"] == 200
+    assert stats["tensors"] == 220
+    assert got["checks"] == 11  # each name's arguments once; its later calls reuse the checked Message
+    assert len(got["refused"]) == 2, got["refused"]
+    assert "Average is not defined for bool" in got["refused"][0] and "C-contiguous" in got["refused"][1]
     steady = got["steady"]
     assert steady["tensors"] == 50
     if capacity is None:
-        assert stats["announced"] == 2 * 10  # each rank announces each name once
-        assert stats["cache_hits"] == 190  # every later iteration is bits only
+        assert stats["announced"] == 2 * 11  # each rank announces each name once
+        assert stats["cache_hits"] == 209  # every later iteration is bits only
         # One small allreduce per cycle, and the rows only when the ranks' states differ (the
         # first announcement, or a cycle that catches one rank before its call): rarely.
         assert steady["state_gathers"] <= 10, steady
@@ -80,7 +83,7 @@ def test_a_repeated_loop_runs_from_the_cache_named_or_unnamed(capacity):
         assert got["unnamed_async"]["announced"] == 2 * 10 and got["unnamed_async"]["cache_hits"] == 0
         assert got["small_plain"]["in_program_order"] == 50 and got["small_plain"]["tensors"] == 0
     else:
-        assert stats["announced"] == 2 * 200
+        assert stats["announced"] == 2 * 220
         assert stats["cache_hits"] == 0
         assert steady["state_gathers"] >= 50  # every call is announced in full
 
@@ -131,16 +134,18 @@ def test_a_withheld_tensor_is_reported_then_ends_the_job():
     env = {"RINGREDUCE_STALL_CHECK_TIME": "1", "RINGREDUCE_STALL_SHUTDOWN_TIME": "3"}
     job = run_job(3, "core/engine.py", "withhold", env=env, rrun_args=("--stall-stacks",), timeout=60)
     assert job.returncode != 0
+    worker = os.path.join(os.path.dirname(__file__), "engine.py")
+    with open(worker) as f:
+        lines = list(enumerate(f, 1))
+    call = next(n for n, line in lines if 'name="withheld"' in line)
+    stuck = next(n for n, line in lines if "time.sleep(60)" in line)
     # The call site in the program comes with the name.
-    warning = re.compile(r"allreduce 'withheld' \(engine\.py:136\): submitted by ranks 0, 2 \d+ s ago, still missing "
-                         "from rank 1")
+    warning = re.compile(rf"allreduce 'withheld' \(engine\.py:{call}\): submitted by ranks 0, 2 \d+ s ago, still "
+                         "missing from rank 1")
     for rank in (0, 2):
         assert any(warning.search(line) for line in job.lines_of(rank, "stderr")), job.stderr
     assert "StallError: allreduce 'withheld'" in job.last_line and "missing from rank 1" in job.last_line
     # With the stacks, rank 1's shows the very line it is stuck on.
-    worker = os.path.join(os.path.dirname(__file__), "engine.py")
-    with open(worker) as f:
-        stuck = next(n for n, line in enumerate(f, 1) if "time.sleep(60)" in line)
     assert any(f'core/engine.py", line {stuck} in <module>' in line for line in job.lines_of(1, "stderr")), job.stderr
 
 
