@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike
 from ringreduce import ops, runtime
 from ringreduce.engine.agreement import Message
 from ringreduce.engine.call_sites import user_call_site
-from ringreduce.engine.requests import Handle, Request
+from ringreduce.engine.requests import Handle, Request, timed_out
 from ringreduce.machine import backends, gpu
 from ringreduce.numerics import arrays, reduction
 from ringreduce.numerics import compression as compressions
@@ -251,8 +251,13 @@ class GroupHandle:
         """Every member's result; a TimeoutError once `timeout` seconds have passed in all."""
         if timeout is None:
             return [h.wait() for h in self.handles]
-        deadline = time.monotonic() + timeout
-        return [h.wait(max(0.0, deadline - time.monotonic())) for h in self.handles]
+        deadline, results = time.monotonic() + timeout, []
+        for handle in self.handles:
+            try:
+                results.append(handle.wait(max(0.0, deadline - time.monotonic())))
+            except TimeoutError:  # its share of the timeout ran out: the caller gave the whole
+                raise timed_out(handle.name, timeout) from None
+        return results
 
 
 # .plain, in a plain call: (domain, numbers of its waiting names held, whether it meets the others in
@@ -297,7 +302,12 @@ def _checked_key(tensor, name, arguments, in_place):
     if not name or type(tensor) is not np.ndarray:
         return None
     writes_into = in_place and tensor.flags.writeable and tensor.flags.c_contiguous
-    return (name, tensor.dtype, tensor.shape, writes_into, *arguments)
+    key = (name, tensor.dtype, tensor.shape, writes_into, *arguments)
+    try:
+        hash(key)
+    except TypeError:  # an argument no key can hold (a list for a factor): the checks say what is wrong
+        return None
+    return key
 
 
 def _synchronously(start, process_set, in_order=True, remember=None):

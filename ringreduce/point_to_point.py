@@ -20,6 +20,7 @@ from mpi4py import MPI
 from numpy.typing import ArrayLike
 
 from ringreduce import runtime
+from ringreduce.engine.requests import timed_out
 from ringreduce.errors import MismatchError
 from ringreduce.machine import backends
 from ringreduce.numerics import arrays
@@ -84,7 +85,7 @@ class Work:
         torch's gloo raises)."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"{self._described} did not finish within {timeout:g} s")
+            raise timed_out(self._described, timeout)
         if self._error is not None:
             raise self._error
         return self._result

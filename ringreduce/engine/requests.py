@@ -9,6 +9,11 @@ from ringreduce.engine.flight_recorder import FlightRecorder
 NEW, CACHED, ANNOUNCED = "new", "cached", "announced"
 
 
+def timed_out(what, timeout):
+    """The TimeoutError of a wait for `what` that the caller gave `timeout` seconds."""
+    return TimeoutError(f"{what} did not finish within {timeout:g} s")
+
+
 class Waiters:
     """How many of this process's threads are blocked in a handle's wait(): a rank with one is
     waiting for the others, which is what tells a deadlock from a rank still computing."""
@@ -58,7 +63,7 @@ class Handle:
         else:
             finished = self._pending.acquire(timeout=-1 if timeout is None else timeout)
         if not finished:
-            raise TimeoutError(f"{self.name} did not finish within {timeout:g} s")
+            raise timed_out(self.name, timeout)
         self._pending.release()
         if self._error is not None:
             raise self._error

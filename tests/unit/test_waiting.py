@@ -6,6 +6,8 @@ import types
 import numpy as np
 import pytest
 
+from ringreduce.collectives import GroupHandle
+from ringreduce.engine.requests import Handle
 from ringreduce.machine import transport
 
 
@@ -121,3 +123,15 @@ def test_every_collective_of_mpis_own_family_waits_as_a_collective(monkeypatch):
     mpi_native.MPIAlgorithms(types.SimpleNamespace(comm=comm), persistent_below=1 << 20).allreduce(
         buf, mpi_native.ReduceOp.SUM)
     assert waited[5:] == [transport.COLLECTIVE_YIELD_SECONDS]
+
+
+def test_a_grouped_wait_that_times_out_names_the_member_and_the_whole_timeout():
+    """The member waited for last gets what is left of the timeout; the error still says the
+    timeout the caller gave (torch's process group quotes it), not that remainder."""
+    done, pending = Handle("grad.0"), Handle("grad.1")
+    done.finish(np.ones(2))
+    with pytest.raises(TimeoutError, match=r"^grad\.1 did not finish within 0\.05 s$"):
+        GroupHandle([done, pending]).wait(0.05)
+    pending.finish(np.zeros(2))
+    first, second = GroupHandle([done, pending]).wait(0.05)
+    assert first.tolist() == [1.0, 1.0] and second.tolist() == [0.0, 0.0]

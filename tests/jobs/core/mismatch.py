@@ -31,6 +31,8 @@ def run(case):
         (rr.broadcast(np.zeros(3), root_rank=0) if odd else rr.allreduce(np.zeros(3)))
     elif case == "scaling":
         rr.allreduce(np.zeros(3), prescale_factor=2.0 if odd else 1.0)
+    elif case == "scaling-type":  # a factor no key can hold, on a named call: the checks still name it
+        rr.synchronize(rr.allreduce_async(np.zeros(3), name="scaled", prescale_factor=[2.0] if odd else 1.0))
     elif case == "compression":
         rr.allreduce(np.zeros(3), compression=rr.Compression.fp16 if odd else rr.Compression.none)
     elif case == "length":  # a packet far longer than the others expect

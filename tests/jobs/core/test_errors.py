@@ -22,6 +22,7 @@ EXPECTED = {
                               "broadcast on rank 1"),
     "scaling": ("MismatchError", "prescale_factor 1.0 on ranks 0, 2 but 2.0 on rank 1"),
     "compression": ("MismatchError", "compression none on ranks 0, 2 but fp16 on rank 1"),
+    "scaling-type": ("TypeError", "failed on rank 1: float() argument must be a string or a real number, not 'list'"),
     "unsupported": ("UnsupportedDtypeError", "failed on rank 1: dtype complex64 is not supported"),
     "allgather-trailing": ("MismatchError", "shape after the first dimension (3,) on ranks 0, 2 but (4,) "
                                             "on rank 1"),
