@@ -353,8 +353,8 @@ def _submit(kind, name, build, process_set, key=None, arrays_of=None):
     name = name or _unnamed(domain)
     message = domain.checked.get(key) if key is not None and plain is None else None
     if message is not None:
-        data, caller = arrays_of(), sys._getframe(2)  # the async call's caller
-        caller = (caller.f_code, caller.f_lineno)
+        frame = sys._getframe(2)  # the async call's caller, whose line the kept Message may not name
+        data, caller = arrays_of(), (frame.f_code, frame.f_lineno)
     else:
         caller = None
         try:
