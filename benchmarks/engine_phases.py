@@ -7,7 +7,13 @@ framework adapters' gradient hooks take). Each phase is timed by wrapping the me
 it, on rank 0, over many calls in a row; the family's own collective and MPI's are timed alone
 in the same run.
 
+With --trace KIND KIB, every rank stamps the boundaries of a plain call's phases instead (the
+meeting, its exchange, the executor, the family on the caller's thread; `time.perf_counter_ns`
+is one clock for every process of a host) and rank 0 prints each rank's medians from its own
+call's start: who waits for whom, and where the Python between the phases goes.
+
     rrun -np 2 python benchmarks/engine_phases.py
+    rrun -np 2 python benchmarks/engine_phases.py --trace allreduce 256
 """
 
 import argparse
@@ -80,11 +86,64 @@ def measure(kind, size, algorithms, comm, calls, totals):
     return kind, size, whole, phases, per_call(alone, calls), per_call(mpi, calls)
 
 
+# The boundaries --trace stamps: (owner, method) -> label; the family's is added on the caller's
+# executor's algorithms.
+TRACED = {(plain_calls.PlainCalls, "run"): "meeting", (plain_calls.PlainCalls, "_receive"): "exchange",
+          (host.Executor, "run"): "executor"}
+
+
+def stamped(stamps, label, method):
+    def wrapper(*args, **kwargs):
+        stamps.append((label + ">", time.perf_counter_ns()))
+        try:
+            return method(*args, **kwargs)
+        finally:
+            stamps.append((label + "<", time.perf_counter_ns()))
+    return wrapper
+
+
+def trace(kind, size, calls):
+    """Each rank's median stamps of `calls` plain calls of `kind`, `size` bytes, in us from rank 0's
+    start of the same call, printed on rank 0."""
+    stamps = []
+    for (owner, name), label in TRACED.items():
+        setattr(owner, name, stamped(stamps, label, getattr(owner, name)))
+    family = runtime.active().engine.caller_executor.algorithms
+    setattr(family, kind, stamped(stamps, "family", getattr(family, kind)))
+    x = np.ones(size // 4, np.float32)
+    call = {"allreduce": lambda: rr.allreduce(x, op=rr.Sum, name="traced"),
+            "reducescatter": lambda: rr.reducescatter(x, op=rr.Sum, name="traced"),
+            "allgather": lambda: rr.allgather(x, name="traced"),
+            "broadcast": lambda: rr.broadcast(x, root_rank=0, name="traced")}[kind]
+    for _ in range(100):
+        call()
+    MPI.COMM_WORLD.Barrier()
+    stamps.clear()
+    for _ in range(calls):
+        call()
+    labels = [label for label, _ in stamps[:len(stamps) // calls]]
+    times = np.array([t for _, t in stamps], dtype=np.int64).reshape(calls, len(labels))
+    everyone = MPI.COMM_WORLD.gather(times, 0)
+    if MPI.COMM_WORLD.rank == 0:
+        start = everyone[0][:, :1]
+        print(f"plain {kind} of {size >> 10} KiB, {len(everyone)} ranks: median us from rank 0's start of each "
+              f"call ({calls} calls); a call every {np.median(np.diff(everyone[0][:, 0])) / 1e3:.1f} us on rank 0")
+        for rank, mine in enumerate(everyone):
+            medians = np.median((mine - start) / 1e3, axis=0)
+            print(f"  rank {rank}: " + "  ".join(f"{label} {value:.1f}" for label, value in zip(labels, medians)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--trace", nargs=2, metavar=("KIND", "KIB"),
+                        help="stamp the phases of plain KIND calls of KIB KiB on every rank instead")
     args = parser.parse_args()
     rr.init()
+    if args.trace:
+        trace(args.trace[0], int(args.trace[1]) << 10, max(args.calls, 1000))
+        rr.shutdown()
+        return
     totals = collections.Counter()
     for phase, (owner, name) in PHASES.items():
         setattr(owner, name, timed(totals, phase, getattr(owner, name)))
