@@ -130,7 +130,8 @@ def trace(kind, size, calls):
               f"call ({calls} calls); a call every {np.median(np.diff(everyone[0][:, 0])) / 1e3:.1f} us on rank 0")
         for rank, mine in enumerate(everyone):
             medians = np.median((mine - start) / 1e3, axis=0)
-            print(f"  rank {rank}: " + "  ".join(f"{label} {value:.1f}" for label, value in zip(labels, medians)))
+            print(f"  rank {rank}: " + "  ".join(f"{label} {value:.1f}"
+                                                 for label, value in zip(labels, medians, strict=True)))
 
 
 def main():
