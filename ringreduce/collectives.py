@@ -267,11 +267,10 @@ _calling = threading.local()
 
 def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=False):
     """submit(name) waited for. A plain call of a numpy array whose arguments passed the checks in
-    an earlier call that ran in program order (the same kind and `arguments`, dtype, shape and
-    name, and `in_place` a writeable contiguous array) meets the others at once with that call's
-    checked Message: arrays_of(domain) gives the (input, output) the meeting runs it on, as the
-    call's checks would have made them. The first such call goes the whole way, and its Message
-    is remembered."""
+    an earlier call (one that ran in program order, or an async allreduce: _checked_key) meets the
+    others at once with that call's checked Message: arrays_of(domain) gives the (input, output)
+    the meeting runs it on, as the call's checks would have made them. The first such call goes the
+    whole way, and its Message is remembered."""
     active = runtime.active()
     domain = active.domain(process_set)
     if domain.ordered is None or type(tensor) is not np.ndarray:
@@ -279,7 +278,7 @@ def _plain(submit, tensor, name, process_set, arguments, arrays_of, in_place=Fal
     number, plain_name = (None, name) if name else domain.waiting_name()
     try:
         key = _checked_key(tensor, plain_name, arguments, in_place)
-        message = domain.checked.get(key)
+        message = domain.checked_message(key)
         if message is None:
             return _synchronously(lambda: submit(plain_name), process_set, remember=key)
         recorder, caller = active.flight_recorder, sys._getframe(2)  # the plain call's caller
@@ -302,12 +301,7 @@ def _checked_key(tensor, name, arguments, in_place):
     if not name or type(tensor) is not np.ndarray:
         return None
     writes_into = in_place and tensor.flags.writeable and tensor.flags.c_contiguous
-    key = (name, tensor.dtype, tensor.shape, writes_into, *arguments)
-    try:
-        hash(key)
-    except TypeError:  # an argument no key can hold (a list for a factor): the checks say what is wrong
-        return None
-    return key
+    return (name, tensor.dtype, tensor.shape, writes_into, *arguments)
 
 
 def _synchronously(start, process_set, in_order=True, remember=None):
@@ -351,7 +345,7 @@ def _submit(kind, name, build, process_set, key=None, arrays_of=None):
     domain = runtime.active().domain(process_set)
     plain = getattr(_calling, "plain", None)
     name = name or _unnamed(domain)
-    message = domain.checked.get(key) if key is not None and plain is None else None
+    message = domain.checked_message(key) if key is not None and plain is None else None
     if message is not None:
         frame = sys._getframe(2)  # the async call's caller, whose line the kept Message may not name
         data, caller = arrays_of(), (frame.f_code, frame.f_lineno)

@@ -24,10 +24,21 @@ class Domain:
         # they ran in program order, async allreduces once submitted (collectives._checked_key)
         self.checked = {}
 
+    def checked_message(self, key):
+        """The Message kept under `key`, or None: none kept, or a key no dict can hold (an argument
+        such as a list for a factor), whose call the checks then see and name."""
+        try:
+            return self.checked.get(key)
+        except TypeError:
+            return None
+
     def remember_checked(self, key, message):
         if len(self.checked) >= 1024:  # a program that makes ever new calls: keep what recent ones need
             self.checked.clear()
-        self.checked[key] = message
+        try:
+            self.checked[key] = message
+        except TypeError:  # a key no dict can hold: its calls are checked each time
+            pass
 
     def auto_name(self):
         """An unnamed async call's name: counted, so the calls of every rank pair up in order."""

@@ -43,8 +43,9 @@ def test_a_block_more_than_twice_the_size_is_left_for_larger_results():
     assert recycler.empty((5 * MIB,), np.uint8).ctypes.data == big_block
 
 
-def test_small_results_come_from_numpy_and_are_not_kept():
+def test_small_results_are_numpys_own_arrays_not_views_of_a_block():
     recycler = Recycler()
-    small = recycler.empty((16,), np.float64)
-    assert small.shape == (16,) and small.base is None
-    assert recycler.empty((16,), np.float64) is not small
+    small = recycler.empty((Recycler.MIN_BYTES // 8 - 1,), np.float64)
+    assert small.shape == (Recycler.MIN_BYTES // 8 - 1,) and small.dtype == np.float64 and small.base is None
+    large = recycler.empty((Recycler.MIN_BYTES // 8,), np.float64)
+    assert large.base is not None  # from here on, a view of a recycled block
